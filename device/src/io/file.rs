@@ -1,0 +1,192 @@
+//! `IoFile`: the file-system seam every I/O engine goes through.
+//!
+//! Opening tries O_DIRECT first; where the file system refuses it (EINVAL),
+//! the file is reopened buffered and the fallback is logged once per
+//! process. The seam is also where fail points hook in (feature
+//! `failpoints`), so tests can inject EIO, ENOSPC and short transfers into
+//! exactly the operation they name.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::{DeviceError, Result};
+use crate::io::faults::{self, FaultOp};
+
+/// How to open an [`IoFile`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Open for writing too (reads are always allowed).
+    pub write: bool,
+    /// Create the file if it does not exist (mode 0600).
+    pub create: bool,
+    /// Truncate it to zero length.
+    pub truncate: bool,
+    /// Try O_DIRECT (fall back to buffered I/O where refused).
+    pub direct: bool,
+}
+
+impl OpenOptions {
+    /// Read-only, O_DIRECT where allowed.
+    pub fn read_only() -> Self {
+        OpenOptions {
+            write: false,
+            create: false,
+            truncate: false,
+            direct: true,
+        }
+    }
+
+    /// Read-write, created if missing (0600), O_DIRECT where allowed.
+    pub fn read_write() -> Self {
+        OpenOptions {
+            write: true,
+            create: true,
+            truncate: false,
+            direct: true,
+        }
+    }
+}
+
+/// An open file, shared by `Arc` between requests in flight.
+#[derive(Debug)]
+pub struct IoFile {
+    fd: OwnedFd,
+    path: PathBuf,
+    writable: bool,
+    direct: bool,
+}
+
+static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
+
+fn open_raw(path: &Path, flags: libc::c_int) -> std::result::Result<OwnedFd, i32> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| libc::EINVAL)?;
+    loop {
+        // SAFETY: `c` is a valid NUL-terminated string; the mode argument is
+        // read only with O_CREAT.
+        let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600 as libc::c_uint) };
+        if fd >= 0 {
+            // SAFETY: `fd` was just returned by open(2) and is owned by nobody else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        if errno != libc::EINTR {
+            return Err(errno);
+        }
+    }
+}
+
+impl IoFile {
+    /// Opens `path` as `opts` says.
+    pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(errno) = faults::check_errno(FaultOp::Open, &path, 0) {
+            return Err(DeviceError::os("open", Some(path), errno));
+        }
+        let mut flags = if opts.write { libc::O_RDWR } else { libc::O_RDONLY };
+        if opts.create {
+            flags |= libc::O_CREAT;
+        }
+        if opts.truncate {
+            flags |= libc::O_TRUNC;
+        }
+        let mut direct = false;
+        let fd = if opts.direct {
+            match open_raw(&path, flags | libc::O_DIRECT) {
+                Ok(fd) => {
+                    direct = true;
+                    Ok(fd)
+                }
+                Err(libc::EINVAL) => {
+                    if !FALLBACK_LOGGED.swap(true, Ordering::Relaxed) {
+                        log::warn!(
+                            "O_DIRECT refused for {}; falling back to buffered I/O \
+                             (logged once per process)",
+                            path.display()
+                        );
+                    }
+                    open_raw(&path, flags)
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            open_raw(&path, flags)
+        };
+        let fd = fd.map_err(|errno| DeviceError::os("open", Some(path.clone()), errno))?;
+        Ok(IoFile {
+            fd,
+            path,
+            writable: opts.write,
+            direct,
+        })
+    }
+
+    /// The path it was opened with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// True when opened for writing.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// True when O_DIRECT is in effect (false after a fallback).
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The raw descriptor (valid while `self` lives).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Current file size.
+    pub fn len(&self) -> Result<u64> {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: the descriptor is open and `st` is a valid out-pointer.
+        let rc = unsafe { libc::fstat(self.raw_fd(), &mut st) };
+        if rc != 0 {
+            return Err(DeviceError::Io {
+                op: "fstat",
+                path: Some(self.path.clone()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(st.st_size as u64)
+    }
+
+    /// True for an empty file.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Sets the file size (`ftruncate`), e.g. to lay out a file before
+    /// O_DIRECT writes.
+    pub fn set_len(&self, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(DeviceError::ReadOnly {
+                path: self.path.clone(),
+            });
+        }
+        let len = libc::off_t::try_from(len).map_err(|_| DeviceError::OutOfBounds {
+            what: "file length",
+            offset: len,
+            len: 0,
+            limit: i64::MAX as u64,
+        })?;
+        // SAFETY: the descriptor is open for writing.
+        let rc = unsafe { libc::ftruncate(self.raw_fd(), len) };
+        if rc != 0 {
+            return Err(DeviceError::Io {
+                op: "ftruncate",
+                path: Some(self.path.clone()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+}

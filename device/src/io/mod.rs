@@ -1,0 +1,589 @@
+//! The storage side of the HAL: the [`IoEngine`] trait and its backends.
+//!
+//! An engine takes a batch of [`IoRequest`]s (aligned reads, writes and
+//! fsyncs at file offsets) and returns one [`IoTicket`] per request, so a
+//! caller can wait for each operation on its own. The engine owns each
+//! request's [`IoBuf`] while the kernel may touch it and hands it back in
+//! the [`IoOutput`]: no buffer is freed under an I/O in flight, on any
+//! backend.
+//!
+//! Backends: io_uring (feature `io-uring`), libaio (kernel AIO syscalls) and
+//! POSIX (pread/pwrite on a small thread pool). [`IoEngineConfig::build`]
+//! picks one at run time; `Auto` probes them in that order.
+//!
+//! Red line: engines move bytes between buffers and files. They never know
+//! what the bytes mean.
+
+mod aio;
+pub mod buf;
+pub mod faults;
+pub mod file;
+mod posix;
+#[cfg(feature = "io-uring")]
+mod uring;
+mod worker;
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+
+pub use buf::{IoBuf, DIRECT_IO_ALIGN};
+pub use file::{IoFile, OpenOptions};
+
+use crate::error::{DeviceError, Result};
+use faults::{FaultOp, Injected};
+
+/// Largest single transfer (Linux caps read/write at this count).
+pub const MAX_IO_BYTES: usize = 0x7fff_f000;
+
+/// What a request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoOp {
+    /// Read `buf.len()` bytes at `offset` into `buf`.
+    Read,
+    /// Write `buf` at `offset`.
+    Write,
+    /// Flush the file's data and metadata to stable storage.
+    Fsync,
+}
+
+/// One operation of a batch.
+#[derive(Debug)]
+pub struct IoRequest {
+    /// The operation.
+    pub op: IoOp,
+    /// The file.
+    pub file: Arc<IoFile>,
+    /// Byte offset in the file (ignored by fsync).
+    pub offset: u64,
+    /// The buffer (reads and writes only).
+    pub buf: Option<IoBuf>,
+}
+
+impl IoRequest {
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read(file: Arc<IoFile>, offset: u64, buf: IoBuf) -> Self {
+        IoRequest {
+            op: IoOp::Read,
+            file,
+            offset,
+            buf: Some(buf),
+        }
+    }
+
+    /// Writes `buf` at `offset`.
+    pub fn write(file: Arc<IoFile>, offset: u64, buf: IoBuf) -> Self {
+        IoRequest {
+            op: IoOp::Write,
+            file,
+            offset,
+            buf: Some(buf),
+        }
+    }
+
+    /// Flushes `file`.
+    pub fn fsync(file: Arc<IoFile>) -> Self {
+        IoRequest {
+            op: IoOp::Fsync,
+            file,
+            offset: 0,
+            buf: None,
+        }
+    }
+}
+
+/// The outcome of one request.
+///
+/// `result` is the byte count: for a read it may be short (end of file);
+/// a write is either whole or an error ([`DeviceError::ShortWrite`]); an
+/// fsync gives 0.
+#[derive(Debug)]
+pub struct IoOutput {
+    /// The request's buffer, handed back.
+    pub buf: Option<IoBuf>,
+    /// Bytes transferred, or the error.
+    pub result: Result<usize>,
+}
+
+/// Completion handle of one request.
+#[derive(Debug)]
+pub struct IoTicket {
+    rx: Receiver<IoOutput>,
+}
+
+impl IoTicket {
+    fn closed() -> IoOutput {
+        IoOutput {
+            buf: None,
+            result: Err(DeviceError::Closed("io engine")),
+        }
+    }
+
+    /// Blocks until the operation completes.
+    pub fn wait(self) -> IoOutput {
+        self.rx.recv().unwrap_or_else(|_| Self::closed())
+    }
+
+    /// Waits at most `timeout`; gives the ticket back if still pending.
+    pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<IoOutput, IoTicket> {
+        match self.rx.recv_timeout(timeout) {
+            Ok(out) => Ok(out),
+            Err(RecvTimeoutError::Timeout) => Err(self),
+            Err(RecvTimeoutError::Disconnected) => Ok(Self::closed()),
+        }
+    }
+
+    /// True once the outcome is available (`wait` will not block).
+    pub fn is_done(&self) -> bool {
+        !self.rx.is_empty()
+    }
+}
+
+/// A batched, asynchronous block-I/O engine.
+pub trait IoEngine: Send + Sync {
+    /// Backend name: `"io_uring"`, `"libaio"` or `"posix"`.
+    fn name(&self) -> &'static str;
+
+    /// Submits a batch; returns one ticket per request, in order. Requests
+    /// that break a rule (misaligned buffer or offset on an O_DIRECT file,
+    /// a write to a read-only file, an offset past `i64::MAX`, a missing
+    /// buffer) complete at once with that error; the rest go to the kernel.
+    fn submit(&self, reqs: Vec<IoRequest>) -> Vec<IoTicket>;
+}
+
+impl fmt::Debug for dyn IoEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IoEngine({})", self.name())
+    }
+}
+
+/// A validated request on its way to a backend.
+pub(crate) struct Prepared {
+    pub op: IoOp,
+    pub file: Arc<IoFile>,
+    pub offset: u64,
+    pub buf: Option<IoBuf>,
+    /// Bytes to hand to the kernel (the buffer length, or less when a
+    /// short transfer is injected).
+    pub submit_len: usize,
+    done: Sender<IoOutput>,
+}
+
+impl Prepared {
+    /// Buffer address for the kernel (null for fsync).
+    pub fn buf_ptr(&mut self) -> *mut u8 {
+        match self.buf.as_mut() {
+            Some(b) => b.as_mut_ptr(),
+            None => std::ptr::null_mut(),
+        }
+    }
+
+    /// Completes with a kernel-style result: bytes, or `-errno`.
+    pub fn complete(self, res: i64) {
+        let expected = self.buf.as_ref().map_or(0, IoBuf::len);
+        let path = || Some(self.file.path().to_path_buf());
+        let result = if res < 0 {
+            let op = match self.op {
+                IoOp::Read => "read",
+                IoOp::Write => "write",
+                IoOp::Fsync => "fsync",
+            };
+            Err(DeviceError::os(op, path(), (-res) as i32))
+        } else {
+            let n = res as usize;
+            match self.op {
+                IoOp::Write if n < expected => Err(DeviceError::ShortWrite {
+                    path: self.file.path().to_path_buf(),
+                    offset: self.offset,
+                    done: n,
+                    expected,
+                }),
+                IoOp::Fsync => Ok(0),
+                _ => Ok(n),
+            }
+        };
+        // The ticket may have been dropped: then nobody wants the outcome,
+        // and the buffer is freed here, after the kernel is done with it.
+        let _ = self.done.send(IoOutput {
+            buf: self.buf,
+            result,
+        });
+    }
+
+    /// Runs the operation synchronously on this thread (POSIX engine, and
+    /// fallbacks). Returns bytes or `-errno`.
+    pub fn execute_blocking(&mut self) -> i64 {
+        let fd = self.file.raw_fd();
+        let ptr = self.buf_ptr();
+        let len = self.submit_len;
+        let off = self.offset as libc::off_t;
+        loop {
+            // SAFETY: `ptr` points to an owned buffer of at least `len` bytes
+            // (checked in `prepare`) that lives in `self` for the call; `fd`
+            // is open while `self.file` lives.
+            let rc = unsafe {
+                match self.op {
+                    IoOp::Read => libc::pread(fd, ptr.cast(), len, off) as i64,
+                    IoOp::Write => libc::pwrite(fd, ptr.cast_const().cast(), len, off) as i64,
+                    IoOp::Fsync => libc::fsync(fd) as i64,
+                }
+            };
+            if rc >= 0 {
+                return rc;
+            }
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            if errno != libc::EINTR {
+                return -(errno as i64);
+            }
+        }
+    }
+}
+
+/// Validates `reqs`, completing the bad ones at once. Returns the tickets
+/// (one per request, in order) and the requests for the backend.
+pub(crate) fn prepare_batch(reqs: Vec<IoRequest>) -> (Vec<IoTicket>, Vec<Prepared>) {
+    let mut tickets = Vec::with_capacity(reqs.len());
+    let mut ready = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        let (tx, rx) = bounded(1);
+        tickets.push(IoTicket { rx });
+        let IoRequest {
+            op,
+            file,
+            offset,
+            buf,
+        } = req;
+        let mut p = Prepared {
+            op,
+            file,
+            offset,
+            submit_len: buf.as_ref().map_or(0, IoBuf::len),
+            buf,
+            done: tx,
+        };
+        match check(&p) {
+            Err(e) => {
+                let _ = p.done.send(IoOutput {
+                    buf: p.buf,
+                    result: Err(e),
+                });
+            }
+            Ok(Some(Injected::Errno(errno))) => p.complete(-(errno as i64)),
+            Ok(Some(Injected::Short(n))) => {
+                p.submit_len = p.submit_len.min(n);
+                if p.submit_len == 0 {
+                    p.complete(0);
+                } else {
+                    ready.push(p);
+                }
+            }
+            Ok(None) => ready.push(p),
+        }
+    }
+    (tickets, ready)
+}
+
+fn check(p: &Prepared) -> Result<Option<Injected>> {
+    let fault_op = match p.op {
+        IoOp::Read => FaultOp::Read,
+        IoOp::Write => FaultOp::Write,
+        IoOp::Fsync => FaultOp::Fsync,
+    };
+    if p.op == IoOp::Fsync {
+        return Ok(faults::check(fault_op, p.file.path(), 0));
+    }
+    if p.op == IoOp::Write && !p.file.is_writable() {
+        return Err(DeviceError::ReadOnly {
+            path: p.file.path().to_path_buf(),
+        });
+    }
+    let Some(buf) = p.buf.as_ref() else {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{:?} request without a buffer",
+            p.op
+        )));
+    };
+    if buf.len() > MAX_IO_BYTES {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{:?} of {} bytes exceeds the per-operation limit of {MAX_IO_BYTES}",
+            p.op,
+            buf.len()
+        )));
+    }
+    if buf.is_empty() {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{:?} request with an empty buffer",
+            p.op
+        )));
+    }
+    let end = p.offset.checked_add(buf.len() as u64);
+    if end.is_none_or(|e| e > i64::MAX as u64) {
+        return Err(DeviceError::OutOfBounds {
+            what: "file offset",
+            offset: p.offset,
+            len: buf.len() as u64,
+            limit: i64::MAX as u64,
+        });
+    }
+    if p.file.is_direct() {
+        buf.check_direct()?;
+        if p.offset % DIRECT_IO_ALIGN as u64 != 0 {
+            return Err(DeviceError::Misaligned {
+                what: "file offset",
+                value: p.offset,
+                align: DIRECT_IO_ALIGN as u64,
+            });
+        }
+    }
+    Ok(faults::check(fault_op, p.file.path(), p.offset))
+}
+
+/// Which backend to build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoEngineKind {
+    /// The first that works here: io_uring, then libaio, then POSIX.
+    Auto,
+    /// io_uring.
+    IoUring,
+    /// Kernel AIO (io_setup / io_submit / io_getevents).
+    Libaio,
+    /// pread / pwrite on a thread pool.
+    Posix,
+}
+
+impl IoEngineKind {
+    /// The concrete kinds, in `Auto`'s order of preference.
+    pub const CONCRETE: [IoEngineKind; 3] = [
+        IoEngineKind::IoUring,
+        IoEngineKind::Libaio,
+        IoEngineKind::Posix,
+    ];
+
+    /// The name used in configs, CLI flags and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoEngineKind::Auto => "auto",
+            IoEngineKind::IoUring => "io_uring",
+            IoEngineKind::Libaio => "libaio",
+            IoEngineKind::Posix => "posix",
+        }
+    }
+}
+
+impl fmt::Display for IoEngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for IoEngineKind {
+    type Err = DeviceError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(IoEngineKind::Auto),
+            "io_uring" | "uring" | "io-uring" => Ok(IoEngineKind::IoUring),
+            "libaio" | "aio" => Ok(IoEngineKind::Libaio),
+            "posix" | "psync" => Ok(IoEngineKind::Posix),
+            other => Err(DeviceError::InvalidArgument(format!(
+                "unknown io engine {other:?} (expected auto, io_uring, libaio or posix)"
+            ))),
+        }
+    }
+}
+
+/// Builds an [`IoEngine`] at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoEngineConfig {
+    /// Which backend.
+    pub kind: IoEngineKind,
+    /// Worker threads: rings for io_uring and libaio (one ring or AIO
+    /// context each), pool threads for POSIX.
+    pub workers: usize,
+    /// Operations in flight per worker (ring and AIO context size).
+    pub queue_depth: usize,
+}
+
+impl Default for IoEngineConfig {
+    fn default() -> Self {
+        IoEngineConfig {
+            kind: IoEngineKind::Auto,
+            workers: 1,
+            queue_depth: 128,
+        }
+    }
+}
+
+impl IoEngineConfig {
+    /// A default config for `kind`. POSIX gets 4 pool threads, the ring
+    /// engines one ring.
+    pub fn new(kind: IoEngineKind) -> Self {
+        let workers = if kind == IoEngineKind::Posix { 4 } else { 1 };
+        IoEngineConfig {
+            kind,
+            workers,
+            ..Self::default()
+        }
+    }
+
+    /// Builds the engine. A backend the kernel (or this build) refuses
+    /// gives [`DeviceError::Unsupported`]; `Auto` then tries the next.
+    pub fn build(&self) -> Result<Box<dyn IoEngine>> {
+        if self.workers == 0 || self.queue_depth == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "io engine needs at least one worker and a queue depth of at least 1".into(),
+            ));
+        }
+        match self.kind {
+            IoEngineKind::Auto => {
+                let mut reasons = Vec::new();
+                for kind in IoEngineKind::CONCRETE {
+                    let mut cfg = IoEngineConfig::new(kind);
+                    cfg.queue_depth = self.queue_depth;
+                    match cfg.build() {
+                        Ok(e) => return Ok(e),
+                        Err(e) => {
+                            log::info!("io engine {kind} not used: {e}");
+                            reasons.push(e.to_string());
+                        }
+                    }
+                }
+                Err(DeviceError::Unsupported {
+                    backend: "auto",
+                    reason: reasons.join("; "),
+                })
+            }
+            IoEngineKind::IoUring => build_uring(self),
+            IoEngineKind::Libaio => Ok(Box::new(aio::AioEngine::new(self)?)),
+            IoEngineKind::Posix => Ok(Box::new(posix::PosixEngine::new(self)?)),
+        }
+    }
+}
+
+#[cfg(feature = "io-uring")]
+fn build_uring(cfg: &IoEngineConfig) -> Result<Box<dyn IoEngine>> {
+    Ok(Box::new(uring::UringEngine::new(cfg)?))
+}
+
+#[cfg(not(feature = "io-uring"))]
+fn build_uring(_cfg: &IoEngineConfig) -> Result<Box<dyn IoEngine>> {
+    Err(DeviceError::Unsupported {
+        backend: "io_uring",
+        reason: "not built: this build has no `io-uring` feature".into(),
+    })
+}
+
+/// Checks that `kind` can run here (the kernel accepts it), without
+/// building a full engine.
+pub fn probe(kind: IoEngineKind) -> Result<()> {
+    match kind {
+        IoEngineKind::Auto => Ok(()),
+        IoEngineKind::IoUring => probe_uring(),
+        IoEngineKind::Libaio => aio::probe(),
+        IoEngineKind::Posix => Ok(()),
+    }
+}
+
+#[cfg(feature = "io-uring")]
+fn probe_uring() -> Result<()> {
+    uring::probe()
+}
+
+#[cfg(not(feature = "io-uring"))]
+fn probe_uring() -> Result<()> {
+    build_uring(&IoEngineConfig::default()).map(|_| ())
+}
+
+/// What `ucm info` says of an I/O engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineStatus {
+    /// Engine name.
+    pub name: &'static str,
+    /// Whether it works here.
+    pub available: bool,
+    /// Why not, or what was checked.
+    pub reason: String,
+    /// Whether O_DIRECT I/O through it worked in the probed directory.
+    pub o_direct: bool,
+}
+
+/// Probes every engine: builds it, then writes, fsyncs and reads back one
+/// O_DIRECT block in a scratch file under `dir` (removed afterwards).
+pub fn probe_engines(dir: &Path) -> Vec<EngineStatus> {
+    IoEngineKind::CONCRETE
+        .iter()
+        .map(|&kind| {
+            let name = kind.name();
+            let built = probe(kind).and_then(|_| IoEngineConfig::new(kind).build());
+            match built {
+                Err(e) => EngineStatus {
+                    name,
+                    available: false,
+                    reason: e.to_string(),
+                    o_direct: false,
+                },
+                Ok(engine) => match round_trip_probe(engine.as_ref(), dir) {
+                    Ok(direct) => EngineStatus {
+                        name,
+                        available: true,
+                        reason: if direct {
+                            format!("write/fsync/read with O_DIRECT ok in {}", dir.display())
+                        } else {
+                            format!(
+                                "O_DIRECT refused in {}; buffered I/O works",
+                                dir.display()
+                            )
+                        },
+                        o_direct: direct,
+                    },
+                    Err(e) => EngineStatus {
+                        name,
+                        available: false,
+                        reason: format!("probe I/O in {} failed: {e}", dir.display()),
+                        o_direct: false,
+                    },
+                },
+            }
+        })
+        .collect()
+}
+
+fn round_trip_probe(engine: &dyn IoEngine, dir: &Path) -> Result<bool> {
+    let path = dir.join(format!(
+        ".ucm-probe-{}-{}",
+        std::process::id(),
+        engine.name()
+    ));
+    let result = (|| {
+        let file = Arc::new(IoFile::open(&path, OpenOptions::read_write())?);
+        let data: Vec<u8> = (0..DIRECT_IO_ALIGN).map(|i| (i * 31 % 251) as u8).collect();
+        let mut t = engine.submit(vec![IoRequest::write(
+            Arc::clone(&file),
+            0,
+            IoBuf::from_slice(&data),
+        )]);
+        t.pop().map_or(Ok(0), |t| t.wait().result)?;
+        let mut t = engine.submit(vec![IoRequest::fsync(Arc::clone(&file))]);
+        t.pop().map_or(Ok(0), |t| t.wait().result)?;
+        let mut t = engine.submit(vec![IoRequest::read(
+            Arc::clone(&file),
+            0,
+            IoBuf::new(DIRECT_IO_ALIGN),
+        )]);
+        let out = t.pop().map_or_else(IoTicket::closed, IoTicket::wait);
+        let n = out.result?;
+        let ok = n == data.len() && out.buf.as_ref().is_some_and(|b| b.as_slice() == data);
+        if !ok {
+            return Err(DeviceError::InvalidArgument(
+                "probe read back different bytes".into(),
+            ));
+        }
+        Ok(file.is_direct())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result
+}

@@ -1,0 +1,73 @@
+//! The POSIX engine: pread / pwrite / fsync on a small thread pool.
+
+use std::thread::{self, JoinHandle};
+
+use crossbeam_channel::{unbounded, Sender};
+
+use super::{prepare_batch, IoEngine, IoEngineConfig, IoRequest, IoTicket, Prepared};
+use crate::error::{DeviceError, Result};
+
+/// The POSIX engine.
+pub(crate) struct PosixEngine {
+    tx: Option<Sender<Prepared>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl PosixEngine {
+    pub fn new(cfg: &IoEngineConfig) -> Result<Self> {
+        let (tx, rx) = unbounded::<Prepared>();
+        let mut threads = Vec::with_capacity(cfg.workers);
+        for i in 0..cfg.workers {
+            let rx = rx.clone();
+            let h = thread::Builder::new()
+                .name(format!("ucm-posix-{i}"))
+                .spawn(move || {
+                    // Ends once every sender is gone and the queue is empty.
+                    for mut p in rx {
+                        let res = p.execute_blocking();
+                        p.complete(res);
+                    }
+                })
+                .map_err(|e| DeviceError::Io {
+                    op: "spawn io worker",
+                    path: None,
+                    source: e,
+                })?;
+            threads.push(h);
+        }
+        Ok(PosixEngine {
+            tx: Some(tx),
+            threads,
+        })
+    }
+}
+
+impl IoEngine for PosixEngine {
+    fn name(&self) -> &'static str {
+        "posix"
+    }
+
+    fn submit(&self, reqs: Vec<IoRequest>) -> Vec<IoTicket> {
+        let (tickets, ready) = prepare_batch(reqs);
+        for p in ready {
+            match &self.tx {
+                Some(tx) => {
+                    if let Err(e) = tx.send(p) {
+                        e.into_inner().complete(-(libc::ESHUTDOWN as i64));
+                    }
+                }
+                None => p.complete(-(libc::ESHUTDOWN as i64)),
+            }
+        }
+        tickets
+    }
+}
+
+impl Drop for PosixEngine {
+    fn drop(&mut self) {
+        self.tx = None;
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
