@@ -1,1 +1,24 @@
-//! x
+//! # UCM: a KV-cache storage engine for hybrid LLMs
+//!
+//! This facade re-exports the layers, bottom to top:
+//!
+//! - [`device`]: the HAL: the `Device` trait (host, CUDA, Ascend) and the
+//!   `IoEngine` trait (io_uring, libaio, POSIX);
+//! - [`store`]: the store kernel and the BlockStore / SnapshotStore
+//!   primitives;
+//! - [`coordinator`]: the spec table, hashing, `resolve_hit`, checkpoints
+//!   and the layerwise adapter;
+//! - [`ffi`]: the C ABI and the Python module.
+//!
+//! and holds what the `ucm` command line reports and measures ([`info`],
+//! [`bench`]).
+
+#![deny(missing_docs)]
+
+pub mod bench;
+pub mod info;
+
+pub use ucm_coordinator as coordinator;
+pub use ucm_device as device;
+pub use ucm_ffi as ffi;
+pub use ucm_store as store;

@@ -1,1 +1,197 @@
-fn main(){}
+//! The `ucm` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use ucm::bench::io::{self as iobench, IoBenchConfig, Pattern};
+use ucm::device::IoEngineKind;
+
+/// UCM: a KV-cache storage engine for hybrid LLMs.
+#[derive(Parser)]
+#[command(name = "ucm", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Report which device backends and I/O engines work on this machine.
+    Info {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Directory where the I/O engines are probed (O_DIRECT depends on
+        /// the file system). Defaults to the system temp directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Measure throughput against a baseline taken in the same run.
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Sequential and random read/write GiB/s per I/O engine, beside fio.
+    Io(IoArgs),
+}
+
+#[derive(Args)]
+struct IoArgs {
+    /// Print one JSON record per case (JSON lines) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Directory of the bench file (tmpfs /dev/shm gives stable numbers).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Engines to measure.
+    #[arg(long, value_delimiter = ',', default_value = "io_uring,libaio,posix")]
+    engines: Vec<IoEngineKind>,
+    /// Access patterns.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "seq_write,seq_read,rand_write,rand_read"
+    )]
+    ops: Vec<Pattern>,
+    /// Block sizes (suffixes K and M are powers of two).
+    #[arg(long, value_delimiter = ',', default_value = "64K,512K,2M", value_parser = parse_size)]
+    blocks: Vec<u64>,
+    /// Queue depths.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    depths: Vec<usize>,
+    /// Bytes each run moves: the bench file's size.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    size: u64,
+    /// Interleaved runs of ours and fio's per case (medians reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Do not run fio even when installed.
+    #[arg(long)]
+    no_fio: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a size like 4096, 64K, 2M or 1G"))
+}
+
+/// Logs warnings and errors to stderr (`UCM_LOG=info` or `debug` for more).
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::max_level()
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("[{}] {}", r.level(), r.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn init_logging() {
+    static LOGGER: StderrLogger = StderrLogger;
+    let level = match std::env::var("UCM_LOG").as_deref() {
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("info") => log::LevelFilter::Info,
+        Ok("error") => log::LevelFilter::Error,
+        _ => log::LevelFilter::Warn,
+    };
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Info { json, dir } => info(json, dir),
+        Cmd::Bench {
+            what: BenchCmd::Io(args),
+        } => bench_io(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ucm: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn info(json: bool, dir: Option<PathBuf>) -> Result<(), String> {
+    let dir = dir.unwrap_or_else(std::env::temp_dir);
+    if !dir.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    let report = ucm::info::collect(&dir);
+    if json {
+        let s = serde_json::to_string(&report).map_err(|e| e.to_string())?;
+        println!("{s}");
+    } else {
+        print!("{}", ucm::info::render_text(&report));
+    }
+    Ok(())
+}
+
+fn bench_io(a: IoArgs) -> Result<(), String> {
+    let blocks = a
+        .blocks
+        .iter()
+        .map(|&b| usize::try_from(b).map_err(|_| format!("block size {b} too large")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cfg = IoBenchConfig {
+        dir: a.dir.unwrap_or_else(std::env::temp_dir),
+        engines: a.engines,
+        ops: a.ops,
+        blocks,
+        depths: a.depths,
+        file_bytes: a.size,
+        reps: a.reps,
+        use_fio: !a.no_fio,
+    };
+    let json = a.json;
+    let records = iobench::run(&cfg, |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
+    if json {
+        for r in &records {
+            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        }
+    } else {
+        println!(
+            "{:<9} {:<10} {:>9} {:>5} {:>8} {:>8} {:>6}",
+            "engine", "op", "block", "depth", "GiB/s", "fio", "ratio"
+        );
+        for r in &records {
+            let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+            println!(
+                "{:<9} {:<10} {:>8}K {:>5} {:>8.3} {:>8} {:>6}",
+                r.engine,
+                r.op.to_string(),
+                r.block_bytes >> 10,
+                r.depth,
+                r.gib_s,
+                opt(r.fio_gib_s),
+                opt(r.ratio)
+            );
+        }
+    }
+    Ok(())
+}

@@ -290,7 +290,10 @@ pub fn invalid_arguments_are_errors<D: Device>(dev: &D) -> Result<()> {
         CopyRun::new(&d, 0, &h, 0, 64),
         CopyRun::new(&d, 4096, &h, 0, 64),
     ];
-    expect("batch with an out-of-bounds run", dev.copy_batch_async(&s, &batch))?;
+    expect(
+        "batch with an out-of-bounds run",
+        dev.copy_batch_async(&s, &batch),
+    )?;
     if dev.copy_alignment() > 1 {
         let a = dev.copy_alignment();
         expect(

@@ -24,6 +24,10 @@ pub mod error;
 pub mod io;
 
 pub use accel::host::HostDevice;
-pub use accel::{probe_devices, BackendStatus, CopyKind, CopyRun, Device, DeviceId, MemKind, Memory};
+pub use accel::{
+    probe_devices, BackendStatus, CopyKind, CopyRun, Device, DeviceId, MemKind, Memory,
+};
 pub use error::{DeviceError, Result};
-pub use io::{IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, IoTicket, OpenOptions};
+pub use io::{
+    IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, IoTicket, OpenOptions,
+};

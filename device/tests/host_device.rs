@@ -42,7 +42,9 @@ fn handles_of_another_device_are_refused() {
     let sa = a.create_stream().unwrap();
     let sb = b.create_stream().unwrap();
     let eb = b.create_event().unwrap();
-    assert!(a.copy_async(&sa, &CopyRun::new(&db, 0, &ha, 0, 64)).is_err());
+    assert!(a
+        .copy_async(&sa, &CopyRun::new(&db, 0, &ha, 0, 64))
+        .is_err());
     assert!(a.synchronize_stream(&sb).is_err());
     assert!(a.record_event(&eb, &sa).is_err());
     assert!(a.alloc_device(0).is_err());
@@ -88,8 +90,10 @@ fn registered_host_region_is_dma_able() {
     let pinned = unsafe { dev.register_host(region.as_mut_ptr(), region.len()) }.unwrap();
     let d = dev.alloc_device(8192).unwrap();
     let s = dev.create_stream().unwrap();
-    dev.copy_async(&s, &CopyRun::new(&d, 0, &pinned, 0, 8192)).unwrap();
-    dev.copy_async(&s, &CopyRun::new(&pinned, 4096, &d, 0, 4)).unwrap();
+    dev.copy_async(&s, &CopyRun::new(&d, 0, &pinned, 0, 8192))
+        .unwrap();
+    dev.copy_async(&s, &CopyRun::new(&pinned, 4096, &d, 0, 4))
+        .unwrap();
     dev.synchronize_stream(&s).unwrap();
     drop(pinned);
     assert_eq!(&region[4096..4100], b"ucm!");

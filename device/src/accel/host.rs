@@ -58,7 +58,13 @@ impl HostDevice {
     fn alloc(&self, kind: MemKind, len: usize) -> Result<Memory> {
         let alloc = HostAlloc::new(len)?;
         let addr = alloc.ptr as u64;
-        Ok(Memory::from_parts(self.id, kind, addr, len, Box::new(alloc)))
+        Ok(Memory::from_parts(
+            self.id,
+            kind,
+            addr,
+            len,
+            Box::new(alloc),
+        ))
     }
 
     fn check_stream(&self, stream: &HostStream) -> Result<()> {

@@ -258,7 +258,10 @@ impl<'a> CopyRun<'a> {
         self.src.check_range(self.src_offset, self.len)?;
         let align = align.max(1) as u64;
         for (what, addr) in [
-            ("destination address", self.dst.addr() + self.dst_offset as u64),
+            (
+                "destination address",
+                self.dst.addr() + self.dst_offset as u64,
+            ),
             ("source address", self.src.addr() + self.src_offset as u64),
         ] {
             if addr % align != 0 {

@@ -181,11 +181,7 @@ impl RingBackend for AioRing {
             let res = if rc == 0 { 0 } else { -(errno() as i64) };
             self.sync_fallback.push((id, res));
         }
-        if min == 0
-            || self.inflight == 0
-            || !refused.is_empty()
-            || !self.sync_fallback.is_empty()
-        {
+        if min == 0 || self.inflight == 0 || !refused.is_empty() || !self.sync_fallback.is_empty() {
             return;
         }
         loop {

@@ -19,6 +19,9 @@ use std::path::PathBuf;
 pub enum FaultOp {
     /// `open(2)` through [`IoFile::open`](crate::io::IoFile::open).
     Open,
+    /// Only the O_DIRECT attempt of an open: inject `EINVAL` here to
+    /// emulate a file system that refuses O_DIRECT.
+    OpenDirect,
     /// A read.
     Read,
     /// A write.
@@ -139,20 +142,18 @@ mod enabled {
     pub fn inject(rule: FaultRule) -> FaultGuard {
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         let fired = Arc::new(AtomicUsize::new(0));
-        RULES
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Entry {
-                id,
-                rule,
-                fired: Arc::clone(&fired),
-            });
+        RULES.lock().unwrap_or_else(|e| e.into_inner()).push(Entry {
+            id,
+            rule,
+            fired: Arc::clone(&fired),
+        });
         FaultGuard { id, fired }
     }
 
     pub(crate) fn check(op: FaultOp, path: &Path, offset: u64) -> Option<Injected> {
         let rules = RULES.lock().unwrap_or_else(|e| e.into_inner());
-        for e in rules.iter() {
+        // The newest matching rule wins, so a test can narrow an older one.
+        for e in rules.iter().rev() {
             let r = &e.rule;
             if r.op != op || !path.starts_with(&r.path) {
                 continue;

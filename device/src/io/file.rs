@@ -71,7 +71,9 @@ fn open_raw(path: &Path, flags: libc::c_int) -> std::result::Result<OwnedFd, i32
             // SAFETY: `fd` was just returned by open(2) and is owned by nobody else.
             return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
         }
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         if errno != libc::EINTR {
             return Err(errno);
         }
@@ -85,7 +87,11 @@ impl IoFile {
         if let Some(errno) = faults::check_errno(FaultOp::Open, &path, 0) {
             return Err(DeviceError::os("open", Some(path), errno));
         }
-        let mut flags = if opts.write { libc::O_RDWR } else { libc::O_RDONLY };
+        let mut flags = if opts.write {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
         if opts.create {
             flags |= libc::O_CREAT;
         }
@@ -94,7 +100,11 @@ impl IoFile {
         }
         let mut direct = false;
         let fd = if opts.direct {
-            match open_raw(&path, flags | libc::O_DIRECT) {
+            let attempt = match faults::check_errno(FaultOp::OpenDirect, &path, 0) {
+                Some(errno) => Err(errno),
+                None => open_raw(&path, flags | libc::O_DIRECT),
+            };
+            match attempt {
                 Ok(fd) => {
                     direct = true;
                     Ok(fd)

@@ -235,7 +235,9 @@ impl Prepared {
             if rc >= 0 {
                 return rc;
             }
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            let errno = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
             if errno != libc::EINTR {
                 return -(errno as i64);
             }
@@ -533,10 +535,7 @@ pub fn probe_engines(dir: &Path) -> Vec<EngineStatus> {
                         reason: if direct {
                             format!("write/fsync/read with O_DIRECT ok in {}", dir.display())
                         } else {
-                            format!(
-                                "O_DIRECT refused in {}; buffered I/O works",
-                                dir.display()
-                            )
+                            format!("O_DIRECT refused in {}; buffered I/O works", dir.display())
                         },
                         o_direct: direct,
                     },

@@ -161,7 +161,8 @@ impl Workers {
     pub fn submit(&self, reqs: Vec<IoRequest>) -> Vec<IoTicket> {
         let (tickets, ready) = prepare_batch(reqs);
         if !ready.is_empty() {
-            let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.senders.len();
+            let i =
+                self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.senders.len();
             if let Err(e) = self.senders[i].send(ready) {
                 // Only after a worker died; fail the ops instead of losing them.
                 for p in e.into_inner() {

@@ -1,0 +1,469 @@
+//! One test body for every I/O engine (io_uring, libaio, POSIX): random
+//! aligned offsets and sizes against a shadow model, concurrent batches,
+//! reads past EOF, rule violations, and injected faults that must reach
+//! exactly the operation they name.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ucm_device::io::faults::{self, FaultOp, FaultRule};
+use ucm_device::io::{self, IoOp, DIRECT_IO_ALIGN};
+use ucm_device::{
+    DeviceError, IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
+};
+
+const PAGE: usize = DIRECT_IO_ALIGN;
+
+/// Small deterministic PRNG (splitmix64), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// Engines that run here. io_uring and libaio are expected on this kernel;
+/// where one is refused the test says so and goes on with the rest.
+fn engines() -> Vec<(IoEngineKind, Box<dyn IoEngine>)> {
+    let mut out = Vec::new();
+    for kind in IoEngineKind::CONCRETE {
+        let mut cfg = IoEngineConfig::new(kind);
+        cfg.queue_depth = 32;
+        match cfg.build() {
+            Ok(e) => out.push((kind, e)),
+            Err(DeviceError::Unsupported { reason, .. }) => {
+                eprintln!("skipping {kind}: {reason}");
+                assert_ne!(kind, IoEngineKind::Posix, "posix must always work");
+            }
+            Err(e) => panic!("building {kind}: {e}"),
+        }
+    }
+    out
+}
+
+fn open_rw(path: &Path) -> Arc<IoFile> {
+    Arc::new(IoFile::open(path, OpenOptions::read_write()).unwrap())
+}
+
+fn wait_all(engine: &dyn IoEngine, reqs: Vec<IoRequest>) -> Vec<io::IoOutput> {
+    engine.submit(reqs).into_iter().map(|t| t.wait()).collect()
+}
+
+/// Random writes of random multiple-of-4K sizes at random aligned offsets,
+/// in concurrent batches from several threads (each thread owns a region),
+/// checked against a shadow copy by random reads.
+fn random_io_matches_model(engine: &dyn IoEngine, dir: &Path, seed: u64) {
+    const REGION: usize = 4 << 20;
+    const THREADS: usize = 4;
+    let file = open_rw(&dir.join(format!("model-{}", engine.name())));
+    file.set_len((REGION * THREADS) as u64).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let file = Arc::clone(&file);
+            s.spawn(move || {
+                let mut rng = Rng(seed ^ (t as u64 * 7919));
+                let base = (t * REGION) as u64;
+                let mut model = vec![0u8; REGION];
+                for _round in 0..6 {
+                    // A batch of non-overlapping writes: pick pages in order.
+                    let mut reqs = Vec::new();
+                    let mut pos = 0usize;
+                    let mut spans = Vec::new();
+                    while pos < REGION {
+                        pos += PAGE * rng.below(16) as usize;
+                        let len = PAGE * (1 + rng.below(32) as usize);
+                        if pos + len > REGION {
+                            break;
+                        }
+                        let mut buf = IoBuf::new(len);
+                        rng.fill(buf.as_mut_slice());
+                        spans.push((pos, buf.as_slice().to_vec()));
+                        reqs.push(IoRequest::write(Arc::clone(&file), base + pos as u64, buf));
+                        pos += len;
+                    }
+                    for out in wait_all(engine, reqs) {
+                        let n = out.result.unwrap();
+                        assert_eq!(n, out.buf.as_ref().unwrap().len());
+                    }
+                    for (pos, data) in spans {
+                        model[pos..pos + data.len()].copy_from_slice(&data);
+                    }
+                    // Random reads, one concurrent batch.
+                    let mut reqs = Vec::new();
+                    let mut where_ = Vec::new();
+                    for _ in 0..24 {
+                        let len = PAGE * (1 + rng.below(64) as usize);
+                        let pos = PAGE * rng.below(((REGION - len) / PAGE + 1) as u64) as usize;
+                        where_.push((pos, len));
+                        reqs.push(IoRequest::read(
+                            Arc::clone(&file),
+                            base + pos as u64,
+                            IoBuf::new(len),
+                        ));
+                    }
+                    for (out, (pos, len)) in wait_all(engine, reqs).into_iter().zip(where_) {
+                        assert_eq!(out.result.unwrap(), len);
+                        let got = out.buf.unwrap();
+                        assert!(
+                            got.as_slice() == &model[pos..pos + len],
+                            "{}: read at {pos:#x}+{len:#x} differs from the model",
+                            engine.name()
+                        );
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// A read that crosses EOF is short; one past EOF reads nothing.
+fn reads_past_eof(engine: &dyn IoEngine, dir: &Path) {
+    let file = open_rw(&dir.join(format!("eof-{}", engine.name())));
+    let data: Vec<u8> = (0..3 * PAGE).map(|i| (i % 253) as u8).collect();
+    let out = wait_all(
+        engine,
+        vec![IoRequest::write(
+            Arc::clone(&file),
+            0,
+            IoBuf::from_slice(&data),
+        )],
+    );
+    out.into_iter().for_each(|o| {
+        o.result.unwrap();
+    });
+    let outs = wait_all(
+        engine,
+        vec![
+            IoRequest::read(Arc::clone(&file), 2 * PAGE as u64, IoBuf::new(4 * PAGE)),
+            IoRequest::read(Arc::clone(&file), 8 * PAGE as u64, IoBuf::new(PAGE)),
+        ],
+    );
+    let mut it = outs.into_iter();
+    let cross = it.next().unwrap();
+    assert_eq!(
+        cross.result.unwrap(),
+        PAGE,
+        "{}: crossing EOF",
+        engine.name()
+    );
+    assert_eq!(&cross.buf.unwrap().as_slice()[..PAGE], &data[2 * PAGE..]);
+    let past = it.next().unwrap();
+    assert_eq!(past.result.unwrap(), 0, "{}: past EOF", engine.name());
+}
+
+/// Rule violations are errors on exactly the offending requests; the rest
+/// of the batch completes normally.
+fn violations_are_errors(engine: &dyn IoEngine, dir: &Path) {
+    let path = dir.join(format!("rules-{}", engine.name()));
+    let file = open_rw(&path);
+    let direct = file.is_direct();
+    let mut unaligned = IoBuf::new(2 * PAGE);
+    unaligned.set_window(512, PAGE).unwrap();
+    let mut odd_len = IoBuf::new(PAGE);
+    odd_len.set_window(0, 1000).unwrap();
+    let outs = wait_all(
+        engine,
+        vec![
+            IoRequest::write(Arc::clone(&file), 0, IoBuf::from_slice(&[1u8; PAGE])),
+            IoRequest::write(Arc::clone(&file), PAGE as u64, unaligned),
+            IoRequest::write(Arc::clone(&file), PAGE as u64, odd_len),
+            IoRequest::write(Arc::clone(&file), 100, IoBuf::new(PAGE)),
+            IoRequest::write(Arc::clone(&file), u64::MAX - 10, IoBuf::new(PAGE)),
+            IoRequest {
+                op: IoOp::Read,
+                file: Arc::clone(&file),
+                offset: 0,
+                buf: None,
+            },
+            IoRequest::write(
+                Arc::clone(&file),
+                2 * PAGE as u64,
+                IoBuf::from_slice(&[2u8; PAGE]),
+            ),
+        ],
+    );
+    let r: Vec<_> = outs.into_iter().map(|o| o.result).collect();
+    assert_eq!(r[0].as_ref().unwrap(), &PAGE);
+    if direct {
+        assert!(
+            matches!(
+                r[1],
+                Err(DeviceError::Misaligned {
+                    what: "buffer address",
+                    ..
+                })
+            ),
+            "{:?}",
+            r[1]
+        );
+        assert!(
+            matches!(
+                r[2],
+                Err(DeviceError::Misaligned {
+                    what: "buffer length",
+                    ..
+                })
+            ),
+            "{:?}",
+            r[2]
+        );
+        assert!(
+            matches!(
+                r[3],
+                Err(DeviceError::Misaligned {
+                    what: "file offset",
+                    ..
+                })
+            ),
+            "{:?}",
+            r[3]
+        );
+    }
+    assert!(
+        matches!(r[4], Err(DeviceError::OutOfBounds { .. })),
+        "{:?}",
+        r[4]
+    );
+    assert!(
+        matches!(r[5], Err(DeviceError::InvalidArgument(_))),
+        "{:?}",
+        r[5]
+    );
+    assert_eq!(r[6].as_ref().unwrap(), &PAGE);
+
+    // Written through a read-only handle: refused before the kernel.
+    let ro = Arc::new(IoFile::open(&path, OpenOptions::read_only()).unwrap());
+    let outs = wait_all(
+        engine,
+        vec![IoRequest::write(Arc::clone(&ro), 0, IoBuf::new(PAGE))],
+    );
+    let o = outs.into_iter().next().unwrap();
+    assert!(
+        matches!(o.result, Err(DeviceError::ReadOnly { .. })),
+        "{:?}",
+        o.result
+    );
+    assert!(o.buf.is_some(), "the buffer comes back with the error");
+    let mut got = wait_all(engine, vec![IoRequest::read(ro, 0, IoBuf::new(PAGE))]);
+    let got = got.pop().unwrap();
+    assert_eq!(got.result.unwrap(), PAGE);
+    assert_eq!(got.buf.unwrap().as_slice(), &[1u8; PAGE]);
+}
+
+/// EIO and ENOSPC injected on two writes of a batch reach exactly those two;
+/// short reads and writes are reported as such; an fsync can fail too.
+fn injected_faults_reach_exactly_their_operation(engine: &dyn IoEngine, dir: &Path) {
+    let sub = dir.join(format!("faults-{}", engine.name()));
+    std::fs::create_dir_all(&sub).unwrap();
+    let path = sub.join("data");
+    let file = open_rw(&path);
+    let eio = faults::inject(
+        FaultRule::errno(&path, FaultOp::Write, libc::EIO).at_offset(5 * PAGE as u64),
+    );
+    let enospc = faults::inject(
+        FaultRule::errno(&path, FaultOp::Write, libc::ENOSPC).at_offset(11 * PAGE as u64),
+    );
+    let reqs = (0..16)
+        .map(|i| {
+            IoRequest::write(
+                Arc::clone(&file),
+                (i * PAGE) as u64,
+                IoBuf::from_slice(&[i as u8 + 1; PAGE]),
+            )
+        })
+        .collect();
+    let outs = wait_all(engine, reqs);
+    for (i, o) in outs.iter().enumerate() {
+        match i {
+            5 => assert_eq!(
+                o.result.as_ref().unwrap_err().raw_os_error(),
+                Some(libc::EIO)
+            ),
+            11 => assert_eq!(
+                o.result.as_ref().unwrap_err().raw_os_error(),
+                Some(libc::ENOSPC)
+            ),
+            _ => assert_eq!(*o.result.as_ref().unwrap(), PAGE, "op {i}"),
+        }
+    }
+    assert_eq!((eio.fired(), enospc.fired()), (1, 1));
+    drop((eio, enospc));
+    // The failed ranges were never written; the others read back.
+    let reqs = (0..16)
+        .map(|i| IoRequest::read(Arc::clone(&file), (i * PAGE) as u64, IoBuf::new(PAGE)))
+        .collect();
+    for (i, o) in wait_all(engine, reqs).into_iter().enumerate() {
+        assert_eq!(o.result.unwrap(), PAGE);
+        let want = if i == 5 || i == 11 { 0 } else { i as u8 + 1 };
+        assert!(
+            o.buf.unwrap().as_slice().iter().all(|&b| b == want),
+            "page {i}"
+        );
+    }
+
+    // Short transfers, done for real by the kernel.
+    let short_r = faults::inject(FaultRule::short(&path, FaultOp::Read, PAGE).times(1));
+    let out = wait_all(
+        engine,
+        vec![IoRequest::read(Arc::clone(&file), 0, IoBuf::new(4 * PAGE))],
+    );
+    assert_eq!(*out[0].result.as_ref().unwrap(), PAGE);
+    assert_eq!(short_r.fired(), 1);
+    let short_w = faults::inject(FaultRule::short(&sub, FaultOp::Write, PAGE).times(1));
+    let out = wait_all(
+        engine,
+        vec![IoRequest::write(Arc::clone(&file), 0, IoBuf::new(2 * PAGE))],
+    );
+    match &out[0].result {
+        Err(DeviceError::ShortWrite { done, expected, .. }) => {
+            assert_eq!((*done, *expected), (PAGE, 2 * PAGE))
+        }
+        other => panic!("{}: expected a short write, got {other:?}", engine.name()),
+    }
+    drop((short_r, short_w));
+
+    let bad_sync = faults::inject(FaultRule::errno(&sub, FaultOp::Fsync, libc::EIO));
+    let out = wait_all(engine, vec![IoRequest::fsync(Arc::clone(&file))]);
+    assert_eq!(
+        out[0].result.as_ref().unwrap_err().raw_os_error(),
+        Some(libc::EIO)
+    );
+    drop(bad_sync);
+    let out = wait_all(engine, vec![IoRequest::fsync(file)]);
+    assert_eq!(*out[0].result.as_ref().unwrap(), 0);
+
+    let bad_open = faults::inject(FaultRule::errno(&sub, FaultOp::Open, libc::EACCES));
+    let err = IoFile::open(sub.join("other"), OpenOptions::read_write()).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES));
+    drop(bad_open);
+}
+
+#[test]
+fn every_engine_passes_the_io_test_body() {
+    let engines = engines();
+    assert!(engines.len() >= 2, "at least posix and one kernel engine");
+    for (i, (kind, engine)) in engines.iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        eprintln!("io test body on {kind}");
+        random_io_matches_model(engine.as_ref(), dir.path(), 0xfeed + i as u64);
+        reads_past_eof(engine.as_ref(), dir.path());
+        violations_are_errors(engine.as_ref(), dir.path());
+        injected_faults_reach_exactly_their_operation(engine.as_ref(), dir.path());
+    }
+}
+
+#[test]
+fn dropping_an_engine_drains_its_in_flight_operations() {
+    for kind in IoEngineKind::CONCRETE {
+        let Ok(engine) = IoEngineConfig::new(kind).build() else {
+            continue;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = open_rw(&dir.path().join("drain"));
+        let reqs = (0..256)
+            .map(|i| {
+                IoRequest::write(
+                    Arc::clone(&file),
+                    (i * 16 * PAGE) as u64,
+                    IoBuf::from_slice(&[7u8; 16 * PAGE]),
+                )
+            })
+            .collect();
+        let tickets = engine.submit(reqs);
+        drop(engine);
+        for t in tickets {
+            assert_eq!(t.wait().result.unwrap(), 16 * PAGE, "{kind}");
+        }
+    }
+}
+
+#[test]
+fn o_direct_falls_back_to_buffered_where_refused() {
+    // tmpfs accepts O_DIRECT on recent kernels; either way the file opens
+    // and the engines work on it, and `is_direct` tells which mode it got.
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let file = open_rw(&dir.path().join("x"));
+    let engine = IoEngineConfig::new(IoEngineKind::Posix).build().unwrap();
+    let out = wait_all(
+        engine.as_ref(),
+        vec![IoRequest::write(Arc::clone(&file), 0, IoBuf::new(PAGE))],
+    );
+    assert_eq!(*out[0].result.as_ref().unwrap(), PAGE);
+    eprintln!("O_DIRECT in {}: {}", dir.path().display(), file.is_direct());
+}
+
+#[test]
+fn refused_o_direct_falls_back_to_buffered_io() {
+    let dir = tempfile::tempdir().unwrap();
+    let _refuse = faults::inject(FaultRule::errno(
+        dir.path(),
+        FaultOp::OpenDirect,
+        libc::EINVAL,
+    ));
+    let file = open_rw(&dir.path().join("buffered"));
+    assert!(!file.is_direct());
+    for (kind, engine) in engines() {
+        // Buffered files take unaligned offsets and lengths.
+        let out = wait_all(
+            engine.as_ref(),
+            vec![IoRequest::write(
+                Arc::clone(&file),
+                100,
+                IoBuf::from_slice(b"hello"),
+            )],
+        );
+        assert_eq!(*out[0].result.as_ref().unwrap(), 5, "{kind}");
+        let out = wait_all(
+            engine.as_ref(),
+            vec![IoRequest::read(Arc::clone(&file), 100, IoBuf::new(5))],
+        );
+        assert_eq!(out[0].buf.as_ref().unwrap().as_slice(), b"hello", "{kind}");
+    }
+    // Another errno than EINVAL is a real failure, not a fallback.
+    let _deny = faults::inject(FaultRule::errno(
+        dir.path().join("denied"),
+        FaultOp::OpenDirect,
+        libc::EPERM,
+    ));
+    assert!(IoFile::open(dir.path().join("denied"), OpenOptions::read_write()).is_err());
+}
+
+#[test]
+fn auto_picks_a_working_engine_and_unknown_names_are_errors() {
+    let e = IoEngineConfig::default().build().unwrap();
+    assert!(["io_uring", "libaio", "posix"].contains(&e.name()));
+    assert!("nvme-of".parse::<IoEngineKind>().is_err());
+    let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
+    cfg.workers = 0;
+    assert!(cfg.build().is_err());
+}
+
+#[test]
+fn probe_reports_every_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = io::probe_engines(dir.path());
+    let names: Vec<_> = st.iter().map(|s| s.name).collect();
+    assert_eq!(names, ["io_uring", "libaio", "posix"]);
+    let posix = &st[2];
+    assert!(posix.available, "{}", posix.reason);
+    // Nothing is left behind in the directory.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

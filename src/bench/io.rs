@@ -1,0 +1,542 @@
+//! `ucm bench io`: sequential and random read and write GiB/s of each I/O
+//! engine, beside `fio` with the same engine, block size, depth and file,
+//! interleaved in the same run.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use ucm_device::io::{IoOp, DIRECT_IO_ALIGN};
+use ucm_device::{
+    DeviceError, IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
+};
+
+use super::{gib_s, median};
+
+/// Access pattern of a case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pattern {
+    /// Ascending offsets, each block once.
+    SeqWrite,
+    /// Ascending offsets, each block once.
+    SeqRead,
+    /// A random permutation of the blocks.
+    RandWrite,
+    /// A random permutation of the blocks.
+    RandRead,
+}
+
+impl Pattern {
+    /// All four patterns.
+    pub const ALL: [Pattern; 4] = [
+        Pattern::SeqWrite,
+        Pattern::SeqRead,
+        Pattern::RandWrite,
+        Pattern::RandRead,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Pattern::SeqWrite => "seq_write",
+            Pattern::SeqRead => "seq_read",
+            Pattern::RandWrite => "rand_write",
+            Pattern::RandRead => "rand_read",
+        }
+    }
+
+    fn is_write(self) -> bool {
+        matches!(self, Pattern::SeqWrite | Pattern::RandWrite)
+    }
+
+    fn is_random(self) -> bool {
+        matches!(self, Pattern::RandWrite | Pattern::RandRead)
+    }
+
+    fn fio_rw(self) -> &'static str {
+        match self {
+            Pattern::SeqWrite => "write",
+            Pattern::SeqRead => "read",
+            Pattern::RandWrite => "randwrite",
+            Pattern::RandRead => "randread",
+        }
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Pattern {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Pattern::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown op {s:?} (seq_write, seq_read, rand_write, rand_read)"))
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct IoBenchConfig {
+    /// Directory of the bench file (use tmpfs `/dev/shm` for stable numbers).
+    pub dir: PathBuf,
+    /// Engines to measure (those unavailable here are skipped with a note).
+    pub engines: Vec<IoEngineKind>,
+    /// Access patterns.
+    pub ops: Vec<Pattern>,
+    /// Block sizes in bytes (multiples of 4 KiB).
+    pub blocks: Vec<usize>,
+    /// Queue depths.
+    pub depths: Vec<usize>,
+    /// Bytes each run moves (the bench file's size).
+    pub file_bytes: u64,
+    /// Runs of ours and of fio per case, interleaved; medians are reported.
+    pub reps: usize,
+    /// Compare with fio when it is installed.
+    pub use_fio: bool,
+}
+
+impl Default for IoBenchConfig {
+    fn default() -> Self {
+        IoBenchConfig {
+            dir: std::env::temp_dir(),
+            engines: IoEngineKind::CONCRETE.to_vec(),
+            ops: Pattern::ALL.to_vec(),
+            blocks: vec![64 << 10, 512 << 10, 2 << 20],
+            depths: vec![1, 8, 32],
+            file_bytes: 256 << 20,
+            reps: 3,
+            use_fio: true,
+        }
+    }
+}
+
+/// One measured case: the JSON record of `ucm bench io --json`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct IoBenchRecord {
+    /// Engine name.
+    pub engine: String,
+    /// Access pattern.
+    pub op: Pattern,
+    /// Block size.
+    pub block_bytes: usize,
+    /// Queue depth.
+    pub depth: usize,
+    /// Our median GiB/s.
+    pub gib_s: f64,
+    /// fio's median GiB/s (None without fio).
+    pub fio_gib_s: Option<f64>,
+    /// `gib_s / fio_gib_s` (None without fio).
+    pub ratio: Option<f64>,
+}
+
+/// Errors of the bench.
+#[derive(Debug, thiserror::Error)]
+pub enum IoBenchError {
+    /// A configuration value is unusable.
+    #[error("bad bench configuration: {0}")]
+    Config(String),
+    /// The HAL reported an error.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// Setting up the bench file failed.
+    #[error("preparing {path}: {source}")]
+    Setup {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// fio ran but failed or printed something we cannot read.
+    #[error("fio failed: {0}")]
+    Fio(String),
+}
+
+impl IoBenchConfig {
+    fn validate(&self) -> Result<(), IoBenchError> {
+        let bad = |m: String| Err(IoBenchError::Config(m));
+        if self.reps == 0 {
+            return bad("reps must be at least 1".into());
+        }
+        for &b in &self.blocks {
+            if b == 0 || b % DIRECT_IO_ALIGN != 0 {
+                return bad(format!("block size {b} is not a positive multiple of 4096"));
+            }
+            if b as u64 > self.file_bytes {
+                return bad(format!(
+                    "block size {b} exceeds the file size {}",
+                    self.file_bytes
+                ));
+            }
+        }
+        if self.depths.iter().any(|&d| d == 0 || d > 1024) {
+            return bad("depths must lie in 1..=1024".into());
+        }
+        if self.file_bytes % DIRECT_IO_ALIGN as u64 != 0 {
+            return bad("file size must be a multiple of 4096".into());
+        }
+        Ok(())
+    }
+}
+
+/// Whether `fio` is on the PATH.
+pub fn fio_available() -> bool {
+    Command::new("fio")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Fills `path` with `bytes` of non-zero data, so reads hit real blocks
+/// (not holes) and writes overwrite allocated space.
+fn lay_out(path: &Path, bytes: u64) -> Result<(), IoBenchError> {
+    let setup = |source| IoBenchError::Setup {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = std::fs::File::create(path).map_err(setup)?;
+    let chunk: Vec<u8> = (0..1 << 20)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 1)
+        .collect();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n]).map_err(setup)?;
+        left -= n as u64;
+    }
+    f.sync_all().map_err(setup)
+}
+
+/// Block offsets of one run, in the order they are issued.
+fn offsets(pattern: Pattern, block: usize, file_bytes: u64, seed: u64) -> Vec<u64> {
+    let n = file_bytes / block as u64;
+    let mut v: Vec<u64> = (0..n).map(|i| i * block as u64).collect();
+    if pattern.is_random() {
+        // Fisher-Yates with splitmix64: each block once, as fio's random map.
+        let mut x = seed;
+        for i in (1..v.len()).rev() {
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            v.swap(i, (z % (i as u64 + 1)) as usize);
+        }
+    }
+    v
+}
+
+/// One run of our engine: keeps `depth` operations in flight until every
+/// block was moved once. Returns GiB/s.
+fn run_ours(
+    engine: &dyn IoEngine,
+    file: &Arc<IoFile>,
+    pattern: Pattern,
+    block: usize,
+    depth: usize,
+    file_bytes: u64,
+    seed: u64,
+) -> Result<f64, IoBenchError> {
+    let offs = offsets(pattern, block, file_bytes, seed);
+    let op = if pattern.is_write() {
+        IoOp::Write
+    } else {
+        IoOp::Read
+    };
+    let mut free: Vec<IoBuf> = (0..depth.min(offs.len()))
+        .map(|i| {
+            let mut b = IoBuf::new(block);
+            b.as_mut_slice().fill(0x5a ^ i as u8);
+            b
+        })
+        .collect();
+    let mut next = offs.iter();
+    let mut inflight = VecDeque::with_capacity(depth);
+    let start = Instant::now();
+    let mut moved = 0u64;
+    loop {
+        let mut batch = Vec::new();
+        while let Some(buf) = free.pop() {
+            match next.next() {
+                Some(&off) => batch.push(IoRequest {
+                    op,
+                    file: Arc::clone(file),
+                    offset: off,
+                    buf: Some(buf),
+                }),
+                None => break,
+            }
+        }
+        if !batch.is_empty() {
+            inflight.extend(engine.submit(batch));
+        }
+        let Some(t) = inflight.pop_front() else { break };
+        let out = t.wait();
+        let n = out.result?;
+        if n != block {
+            return Err(IoBenchError::Config(format!(
+                "short transfer of {n} bytes; is the bench file complete?"
+            )));
+        }
+        moved += n as u64;
+        if let Some(b) = out.buf {
+            free.push(b);
+        }
+    }
+    Ok(gib_s(moved, start.elapsed().as_secs_f64()))
+}
+
+/// One fio run with the same engine, pattern, size and file. Returns GiB/s.
+fn run_fio(
+    kind: IoEngineKind,
+    path: &Path,
+    pattern: Pattern,
+    block: usize,
+    depth: usize,
+    file_bytes: u64,
+) -> Result<f64, IoBenchError> {
+    let mut cmd = Command::new("fio");
+    cmd.arg("--name=ucm-bench")
+        .arg(format!("--filename={}", path.display()))
+        .arg(format!("--rw={}", pattern.fio_rw()))
+        .arg(format!("--bs={block}"))
+        .arg("--direct=1")
+        .arg("--randrepeat=0")
+        .arg("--output-format=json")
+        .arg("--group_reporting");
+    match kind {
+        IoEngineKind::Posix => {
+            // Our POSIX engine runs `depth` blocking calls on as many threads;
+            // fio's equivalent is `depth` psync jobs over slices of the file.
+            let jobs = depth.min((file_bytes / block as u64) as usize).max(1);
+            let slice = (file_bytes / jobs as u64) / block as u64 * block as u64;
+            cmd.arg("--ioengine=psync")
+                .arg("--thread")
+                .arg(format!("--numjobs={jobs}"))
+                .arg(format!("--size={slice}"))
+                .arg(format!("--offset_increment={slice}"));
+        }
+        _ => {
+            cmd.arg(format!("--ioengine={}", kind.name()))
+                .arg(format!("--iodepth={depth}"))
+                .arg(format!("--size={file_bytes}"));
+        }
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| IoBenchError::Fio(format!("cannot run fio: {e}")))?;
+    if !out.status.success() {
+        return Err(IoBenchError::Fio(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // fio may print notes before the JSON document.
+    let json = text.find('{').map_or("", |i| &text[i..]);
+    let v: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| IoBenchError::Fio(format!("unreadable JSON ({e})")))?;
+    let dir = if pattern.is_write() { "write" } else { "read" };
+    let bw = v["jobs"][0][dir]["bw_bytes"]
+        .as_f64()
+        .ok_or_else(|| IoBenchError::Fio(format!("no jobs[0].{dir}.bw_bytes")))?;
+    Ok(bw / (1u64 << 30) as f64)
+}
+
+/// Runs every case. `progress` gets a line per case as it finishes.
+pub fn run(
+    cfg: &IoBenchConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<IoBenchRecord>, IoBenchError> {
+    cfg.validate()?;
+    std::fs::create_dir_all(&cfg.dir).map_err(|source| IoBenchError::Setup {
+        path: cfg.dir.clone(),
+        source,
+    })?;
+    let path = cfg
+        .dir
+        .join(format!("ucm-bench-io-{}.dat", std::process::id()));
+    let result = run_in(cfg, &path, &mut progress);
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+fn run_in(
+    cfg: &IoBenchConfig,
+    path: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<IoBenchRecord>, IoBenchError> {
+    let fio = cfg.use_fio && fio_available();
+    if cfg.use_fio && !fio {
+        progress("fio not found: fio_gib_s and ratio will be null");
+    }
+    progress(&format!(
+        "laying out {} MiB in {}",
+        cfg.file_bytes >> 20,
+        path.display()
+    ));
+    lay_out(path, cfg.file_bytes)?;
+    let file = Arc::new(IoFile::open(path, OpenOptions::read_write())?);
+    if !file.is_direct() {
+        progress("O_DIRECT refused here: our runs use buffered I/O, fio's use --direct=1");
+    }
+    let total = cfg.engines.len() * cfg.ops.len() * cfg.blocks.len() * cfg.depths.len();
+    let mut done = 0;
+    let mut records = Vec::new();
+    for &kind in &cfg.engines {
+        for &depth in &cfg.depths {
+            let mut ecfg = IoEngineConfig::new(kind);
+            ecfg.queue_depth = depth.max(8);
+            if kind == IoEngineKind::Posix {
+                ecfg.workers = depth;
+            }
+            let engine = match ecfg.build() {
+                Ok(e) => e,
+                Err(e) => {
+                    progress(&format!("skipping {kind}: {e}"));
+                    done += cfg.ops.len() * cfg.blocks.len();
+                    continue;
+                }
+            };
+            for &pattern in &cfg.ops {
+                for &block in &cfg.blocks {
+                    let mut ours = Vec::new();
+                    let mut theirs = Vec::new();
+                    for rep in 0..cfg.reps {
+                        let seed = 0x5eed ^ rep as u64;
+                        let mine = || {
+                            run_ours(
+                                engine.as_ref(),
+                                &file,
+                                pattern,
+                                block,
+                                depth,
+                                cfg.file_bytes,
+                                seed,
+                            )
+                        };
+                        // Alternate who goes first: the disk drifts.
+                        if rep % 2 == 0 {
+                            ours.push(mine()?);
+                        }
+                        if fio {
+                            theirs.push(run_fio(
+                                kind,
+                                path,
+                                pattern,
+                                block,
+                                depth,
+                                cfg.file_bytes,
+                            )?);
+                        }
+                        if rep % 2 == 1 {
+                            ours.push(mine()?);
+                        }
+                    }
+                    let g = median(&ours);
+                    let f = fio.then(|| median(&theirs));
+                    let rec = IoBenchRecord {
+                        engine: kind.name().to_string(),
+                        op: pattern,
+                        block_bytes: block,
+                        depth,
+                        gib_s: round3(g),
+                        fio_gib_s: f.map(round3),
+                        ratio: f.filter(|&f| f > 0.0).map(|f| round3(g / f)),
+                    };
+                    done += 1;
+                    progress(&format!(
+                        "[{done}/{total}] {:<8} {:<10} {:>5} KiB depth {:>2}: {:.3} GiB/s, fio {}",
+                        rec.engine,
+                        rec.op.name(),
+                        block >> 10,
+                        depth,
+                        rec.gib_s,
+                        rec.fio_gib_s.map_or("n/a".to_string(), |f| format!(
+                            "{f:.3} GiB/s (ratio {:.2})",
+                            g / f.max(1e-9)
+                        ))
+                    ));
+                    records.push(rec);
+                }
+            }
+        }
+    }
+    Ok(records)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_cover_every_block_once() {
+        for p in Pattern::ALL {
+            let mut v = offsets(p, 8192, 8192 * 100, 7);
+            if p.is_random() {
+                assert_ne!(v, offsets(Pattern::SeqRead, 8192, 8192 * 100, 7));
+            }
+            v.sort();
+            assert_eq!(v, (0..100).map(|i| i * 8192).collect::<Vec<u64>>());
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let bad = [
+            IoBenchConfig {
+                blocks: vec![1000],
+                ..Default::default()
+            },
+            IoBenchConfig {
+                reps: 0,
+                ..Default::default()
+            },
+            IoBenchConfig {
+                depths: vec![0],
+                ..Default::default()
+            },
+        ];
+        for c in bad {
+            assert!(matches!(run(&c, |_| {}), Err(IoBenchError::Config(_))));
+        }
+    }
+
+    #[test]
+    fn small_run_without_fio_reports_every_case() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = IoBenchConfig {
+            dir: dir.path().to_path_buf(),
+            engines: vec![IoEngineKind::Posix],
+            ops: Pattern::ALL.to_vec(),
+            blocks: vec![64 << 10],
+            depths: vec![1, 4],
+            file_bytes: 4 << 20,
+            reps: 2,
+            use_fio: false,
+        };
+        let recs = run(&cfg, |_| {}).unwrap();
+        assert_eq!(recs.len(), 8);
+        assert!(recs
+            .iter()
+            .all(|r| r.gib_s > 0.0 && r.fio_gib_s.is_none() && r.ratio.is_none()));
+        // The bench file is removed.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}
