@@ -448,8 +448,24 @@ fn refused_o_direct_falls_back_to_buffered_io() {
 
 #[test]
 fn auto_picks_a_working_engine_and_unknown_names_are_errors() {
+    // `auto` takes the first engine whose probe passes.
+    let first = IoEngineKind::CONCRETE
+        .into_iter()
+        .find(|&k| io::probe(k).is_ok())
+        .unwrap();
     let e = IoEngineConfig::default().build().unwrap();
-    assert!(["io_uring", "libaio", "posix"].contains(&e.name()));
+    assert_eq!(e.name(), first.name());
+    if !cfg!(feature = "io-uring") {
+        // A build without io_uring refuses it clearly, and auto moves on.
+        match IoEngineConfig::new(IoEngineKind::IoUring).build() {
+            Err(DeviceError::Unsupported { backend, reason }) => {
+                assert_eq!(backend, "io_uring");
+                assert!(reason.contains("not built"), "{reason}");
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+        assert_ne!(e.name(), "io_uring");
+    }
     assert!("nvme-of".parse::<IoEngineKind>().is_err());
     let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
     cfg.workers = 0;

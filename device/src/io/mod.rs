@@ -123,8 +123,13 @@ impl IoTicket {
         }
     }
 
-    /// Blocks until the operation completes.
+    /// Blocks until the operation completes. It polls for a few
+    /// microseconds first: a fast device often completes within the time a
+    /// thread takes to go to sleep and wake up again.
     pub fn wait(self) -> IoOutput {
+        if let Some(out) = spin_recv(&self.rx) {
+            return out;
+        }
         self.rx.recv().unwrap_or_else(|_| Self::closed())
     }
 
@@ -140,6 +145,28 @@ impl IoTicket {
     /// True once the outcome is available (`wait` will not block).
     pub fn is_done(&self) -> bool {
         !self.rx.is_empty()
+    }
+}
+
+/// How long a waiter polls before it sleeps (see [`IoTicket::wait`]).
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Polls `rx` for up to [`SPIN`]; `None` when nothing arrived (or the
+/// sender is gone: the blocking receive then reports it).
+pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
+    let start = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Some(v),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        if start.elapsed() >= SPIN {
+            return None;
+        }
+        // Yield rather than spin: on a machine with few cores the thread
+        // that completes the operation may need this one.
+        std::thread::yield_now();
     }
 }
 

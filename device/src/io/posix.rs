@@ -16,6 +16,10 @@ pub(crate) struct PosixEngine {
 impl PosixEngine {
     pub fn new(cfg: &IoEngineConfig) -> Result<Self> {
         let (tx, rx) = unbounded::<Prepared>();
+        // Idle workers poll briefly before sleeping, unless there are more
+        // of them than cores: then polling would steal the cores they need.
+        let cores = thread::available_parallelism().map_or(1, |n| n.get());
+        let poll = cfg.workers < cores;
         let mut threads = Vec::with_capacity(cfg.workers);
         for i in 0..cfg.workers {
             let rx = rx.clone();
@@ -23,7 +27,11 @@ impl PosixEngine {
                 .name(format!("ucm-posix-{i}"))
                 .spawn(move || {
                     // Ends once every sender is gone and the queue is empty.
-                    for mut p in rx {
+                    let next = || match poll {
+                        true => super::spin_recv(&rx).or_else(|| rx.recv().ok()),
+                        false => rx.recv().ok(),
+                    };
+                    while let Some(mut p) = next() {
                         let res = p.execute_blocking();
                         p.complete(res);
                     }

@@ -79,7 +79,11 @@ pub(crate) fn run<B: RingBackend>(mut ring: B, depth: usize, rx: Receiver<Vec<Pr
             if !open {
                 return;
             }
-            match rx.recv() {
+            let next = match super::spin_recv(&rx) {
+                Some(batch) => Ok(batch),
+                None => rx.recv(),
+            };
+            match next {
                 Ok(batch) => backlog.extend(batch),
                 Err(_) => {
                     open = false;
