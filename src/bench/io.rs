@@ -17,7 +17,7 @@ use ucm_device::{
     DeviceError, IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
 };
 
-use super::{gib_s, median};
+use super::{best, gib_s};
 
 /// Access pattern of a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -101,7 +101,7 @@ pub struct IoBenchConfig {
     pub depths: Vec<usize>,
     /// Bytes each run moves (the bench file's size).
     pub file_bytes: u64,
-    /// Runs of ours and of fio per case, interleaved; medians are reported.
+    /// Runs of ours and of fio per case, interleaved; the best of each is reported.
     pub reps: usize,
     /// Compare with fio when it is installed.
     pub use_fio: bool,
@@ -133,9 +133,9 @@ pub struct IoBenchRecord {
     pub block_bytes: usize,
     /// Queue depth.
     pub depth: usize,
-    /// Our median GiB/s.
+    /// Our best GiB/s over the repetitions.
     pub gib_s: f64,
-    /// fio's median GiB/s (None without fio).
+    /// fio's best GiB/s over the repetitions (None without fio).
     pub fio_gib_s: Option<f64>,
     /// `gib_s / fio_gib_s` (None without fio).
     pub ratio: Option<f64>,
@@ -445,8 +445,10 @@ fn run_in(
                             ours.push(mine()?);
                         }
                     }
-                    let g = median(&ours);
-                    let f = fio.then(|| median(&theirs));
+                    // Best of the interleaved runs on both sides: interference
+                    // from the shared machine only ever slows a run down.
+                    let g = best(&ours);
+                    let f = fio.then(|| best(&theirs));
                     let rec = IoBenchRecord {
                         engine: kind.name().to_string(),
                         op: pattern,

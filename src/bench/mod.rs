@@ -1,6 +1,7 @@
 //! `ucm bench`: throughput measured against a baseline taken in the same
 //! run, reported as ratios (never as absolute goals in timed tests).
 
+pub mod device;
 pub mod io;
 
 /// The median of `v` (0 for an empty slice).
@@ -16,6 +17,14 @@ pub fn median(v: &[f64]) -> f64 {
     } else {
         (s[n / 2 - 1] + s[n / 2]) / 2.0
     }
+}
+
+/// The largest finite value of `v` (0 for an empty slice).
+pub fn best(v: &[f64]) -> f64 {
+    v.iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(0.0, f64::max)
 }
 
 /// Bytes per second as GiB/s.
@@ -35,6 +44,8 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
+        assert_eq!(best(&[1.0, 3.0, 2.0]), 3.0);
+        assert_eq!(best(&[]), 0.0);
         assert_eq!(gib_s(1 << 30, 2.0), 0.5);
     }
 }

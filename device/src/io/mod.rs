@@ -113,6 +113,9 @@ pub struct IoOutput {
 #[derive(Debug)]
 pub struct IoTicket {
     rx: Receiver<IoOutput>,
+    /// Poll briefly before sleeping (engines turn it off where the waiter
+    /// would steal a core from the threads doing the I/O).
+    spin: bool,
 }
 
 impl IoTicket {
@@ -127,8 +130,10 @@ impl IoTicket {
     /// microseconds first: a fast device often completes within the time a
     /// thread takes to go to sleep and wake up again.
     pub fn wait(self) -> IoOutput {
-        if let Some(out) = spin_recv(&self.rx) {
-            return out;
+        if self.spin {
+            if let Some(out) = spin_recv(&self.rx) {
+                return out;
+            }
         }
         self.rx.recv().unwrap_or_else(|_| Self::closed())
     }
@@ -150,6 +155,13 @@ impl IoTicket {
 
 /// How long a waiter polls before it sleeps (see [`IoTicket::wait`]).
 const SPIN: Duration = Duration::from_micros(50);
+
+/// True when `threads` busy threads plus one polling waiter fit on the
+/// machine's cores, so polling costs no other thread its core.
+pub(crate) fn polling_fits(threads: usize) -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    threads < cores
+}
 
 /// Polls `rx` for up to [`SPIN`]; `None` when nothing arrived (or the
 /// sender is gone: the blocking receive then reports it).
@@ -274,12 +286,12 @@ impl Prepared {
 
 /// Validates `reqs`, completing the bad ones at once. Returns the tickets
 /// (one per request, in order) and the requests for the backend.
-pub(crate) fn prepare_batch(reqs: Vec<IoRequest>) -> (Vec<IoTicket>, Vec<Prepared>) {
+pub(crate) fn prepare_batch(reqs: Vec<IoRequest>, spin: bool) -> (Vec<IoTicket>, Vec<Prepared>) {
     let mut tickets = Vec::with_capacity(reqs.len());
     let mut ready = Vec::with_capacity(reqs.len());
     for req in reqs {
         let (tx, rx) = bounded(1);
-        tickets.push(IoTicket { rx });
+        tickets.push(IoTicket { rx, spin });
         let IoRequest {
             op,
             file,

@@ -11,15 +11,15 @@ use crate::error::{DeviceError, Result};
 pub(crate) struct PosixEngine {
     tx: Option<Sender<Prepared>>,
     threads: Vec<JoinHandle<()>>,
+    poll: bool,
 }
 
 impl PosixEngine {
     pub fn new(cfg: &IoEngineConfig) -> Result<Self> {
         let (tx, rx) = unbounded::<Prepared>();
-        // Idle workers poll briefly before sleeping, unless there are more
-        // of them than cores: then polling would steal the cores they need.
-        let cores = thread::available_parallelism().map_or(1, |n| n.get());
-        let poll = cfg.workers < cores;
+        // Idle workers (and waiters) poll briefly before sleeping, unless
+        // the workers alone fill the cores: then polling would steal them.
+        let poll = super::polling_fits(cfg.workers);
         let mut threads = Vec::with_capacity(cfg.workers);
         for i in 0..cfg.workers {
             let rx = rx.clone();
@@ -46,6 +46,7 @@ impl PosixEngine {
         Ok(PosixEngine {
             tx: Some(tx),
             threads,
+            poll,
         })
     }
 }
@@ -56,7 +57,7 @@ impl IoEngine for PosixEngine {
     }
 
     fn submit(&self, reqs: Vec<IoRequest>) -> Vec<IoTicket> {
-        let (tickets, ready) = prepare_batch(reqs);
+        let (tickets, ready) = prepare_batch(reqs, self.poll);
         for p in ready {
             match &self.tx {
                 Some(tx) => {

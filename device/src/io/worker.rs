@@ -129,6 +129,7 @@ pub(crate) struct Workers {
     senders: Vec<Sender<Vec<Prepared>>>,
     handles: Vec<JoinHandle<()>>,
     next: std::sync::atomic::AtomicUsize,
+    poll: bool,
 }
 
 impl Workers {
@@ -143,6 +144,7 @@ impl Workers {
             senders: Vec::new(),
             handles: Vec::new(),
             next: std::sync::atomic::AtomicUsize::new(0),
+            poll: super::polling_fits(count),
         };
         for i in 0..count {
             let ring = make()?;
@@ -163,7 +165,7 @@ impl Workers {
 
     /// Validates and dispatches a batch to the next worker.
     pub fn submit(&self, reqs: Vec<IoRequest>) -> Vec<IoTicket> {
-        let (tickets, ready) = prepare_batch(reqs);
+        let (tickets, ready) = prepare_batch(reqs, self.poll);
         if !ready.is_empty() {
             let i =
                 self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.senders.len();
