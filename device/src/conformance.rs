@@ -213,8 +213,10 @@ pub fn wait_event_does_not_block_host<D: Device>(dev: &D) -> Result<()> {
 }
 
 /// An error in queued work surfaces at `synchronize_stream`, at events
-/// recorded after it, and in a stream that waits on such an event; work
-/// queued after the failure does not run.
+/// recorded after it, and in a stream that waits on such an event; a fresh
+/// stream is unaffected. (Whether work queued behind the failure still runs
+/// is backend-specific: real runtimes cannot cancel it. The host device's
+/// own tests check that it skips it.)
 pub fn errors_surface_from_stream<D: Device>(dev: &D) -> Result<()> {
     let len = 64 << 10;
     let src = dev.alloc_pinned(len)?;
@@ -241,15 +243,13 @@ pub fn errors_surface_from_stream<D: Device>(dev: &D) -> Result<()> {
     if dev.synchronize_stream(&b).is_ok() {
         return Err(fail("stream waiting on a failed event reported success"));
     }
-    // A fresh stream is healthy, and the copy after the failure never ran.
+    // A fresh stream is healthy.
     let c = dev.create_stream()?;
     dev.copy_async(&c, &CopyRun::new(&out, 0, &d, 0, len))?;
     dev.synchronize_stream(&c)?;
-    let mut got = vec![1u8; len];
-    out.read_host(0, &mut got)?;
-    if got.iter().any(|&x| x != 0) {
-        return Err(fail("a copy queued after the failure still ran"));
-    }
+    let e2 = dev.create_event()?;
+    dev.record_event(&e2, &c)?;
+    dev.synchronize_event(&e2)?;
     Ok(())
 }
 

@@ -98,3 +98,29 @@ fn registered_host_region_is_dma_able() {
     drop(pinned);
     assert_eq!(&region[4096..4100], b"ucm!");
 }
+
+#[test]
+fn host_streams_skip_work_queued_behind_a_failure() {
+    let dev = HostDevice::new();
+    let len = 4096;
+    let src = dev.alloc_pinned(len).unwrap();
+    let out = dev.alloc_pinned(len).unwrap();
+    let d = dev.alloc_device(len).unwrap();
+    src.write_host(0, &[3u8; 4096]).unwrap();
+    let s = dev.create_stream().unwrap();
+    dev.launch_host_fn(&s, Box::new(|| Err(DeviceError::Stream("boom".into()))))
+        .unwrap();
+    dev.copy_async(&s, &CopyRun::new(&d, 0, &src, 0, len))
+        .unwrap();
+    assert!(dev.synchronize_stream(&s).is_err());
+    let c = dev.create_stream().unwrap();
+    dev.copy_async(&c, &CopyRun::new(&out, 0, &d, 0, len))
+        .unwrap();
+    dev.synchronize_stream(&c).unwrap();
+    let mut got = vec![1u8; len];
+    out.read_host(0, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&x| x == 0),
+        "the copy behind the failure ran"
+    );
+}

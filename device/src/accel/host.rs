@@ -55,6 +55,23 @@ impl HostDevice {
         })
     }
 
+    /// Copies `len` bytes from `src` to `dst` on the calling thread with a
+    /// plain memcpy: the raw baseline that `ucm bench device` measures the
+    /// stream path against. Both regions must be of this device and in bounds.
+    pub fn raw_copy(&self, dst: &Memory, src: &Memory, len: usize) -> Result<()> {
+        let run = CopyRun::new(dst, 0, src, 0, len);
+        run.validate(self.id, 1)?;
+        OwnedRun {
+            dst: dst.clone(),
+            dst_offset: 0,
+            src: src.clone(),
+            src_offset: 0,
+            len,
+        }
+        .execute();
+        Ok(())
+    }
+
     fn alloc(&self, kind: MemKind, len: usize) -> Result<Memory> {
         let alloc = HostAlloc::new(len)?;
         let addr = alloc.ptr as u64;

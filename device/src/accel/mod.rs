@@ -11,6 +11,8 @@
 //! Red line: this module knows memory, streams and events, never keys,
 //! blocks or tokens.
 
+#[cfg(feature = "ascend")]
+pub mod ascend;
 pub mod host;
 
 use std::any::Any;
@@ -395,10 +397,25 @@ pub fn probe_devices() -> Vec<BackendStatus> {
             available: false,
             reason: "not built: this build has no `cuda` feature".into(),
         },
-        BackendStatus {
-            name: "ascend",
-            available: false,
-            reason: "not built: this build has no `ascend` feature".into(),
-        },
+        ascend_status(),
     ]
+}
+
+#[cfg(feature = "ascend")]
+fn ascend_status() -> BackendStatus {
+    let (available, reason) = ascend::probe();
+    BackendStatus {
+        name: "ascend",
+        available,
+        reason,
+    }
+}
+
+#[cfg(not(feature = "ascend"))]
+fn ascend_status() -> BackendStatus {
+    BackendStatus {
+        name: "ascend",
+        available: false,
+        reason: "not built: this build has no `ascend` feature".into(),
+    }
 }
