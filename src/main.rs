@@ -38,6 +38,31 @@ enum Cmd {
 enum BenchCmd {
     /// Sequential and random read/write GiB/s per I/O engine, beside fio.
     Io(IoArgs),
+    /// Copy GiB/s through the Device trait against the backend's raw path.
+    Device(DeviceArgs),
+}
+
+#[derive(Args)]
+struct DeviceArgs {
+    /// Print one JSON record per case (JSON lines) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Backend: host, or ascend (built with the `ascend` feature).
+    #[arg(long, default_value = "host")]
+    device: String,
+    /// Accelerator index (ascend).
+    #[arg(long, default_value_t = 0)]
+    #[cfg_attr(not(feature = "ascend"), allow(dead_code))]
+    index: i32,
+    /// Bytes per case.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    size: u64,
+    /// Chunk of the chunked H2D / D2H copies.
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    chunk: u64,
+    /// Runs per case (medians reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
 }
 
 #[derive(Args)]
@@ -67,7 +92,7 @@ struct IoArgs {
     /// Bytes each run moves: the bench file's size.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     size: u64,
-    /// Interleaved runs of ours and fio's per case (medians reported).
+    /// Interleaved runs of ours and fio's per case (the best of each is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Do not run fio even when installed.
@@ -127,6 +152,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             what: BenchCmd::Io(args),
         } => bench_io(args),
+        Cmd::Bench {
+            what: BenchCmd::Device(args),
+        } => bench_device(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -148,6 +176,57 @@ fn info(json: bool, dir: Option<PathBuf>) -> Result<(), String> {
         println!("{s}");
     } else {
         print!("{}", ucm::info::render_text(&report));
+    }
+    Ok(())
+}
+
+fn bench_device(a: DeviceArgs) -> Result<(), String> {
+    use ucm::bench::device::{self as devbench, DeviceBenchConfig};
+    let to_usize = |v: u64| usize::try_from(v).map_err(|_| format!("{v} is too large"));
+    let cfg = DeviceBenchConfig {
+        bytes: to_usize(a.size)?,
+        chunk: to_usize(a.chunk)?,
+        reps: a.reps,
+    };
+    let progress = |line: &str| eprintln!("{line}");
+    let records = match a.device.as_str() {
+        "host" => {
+            let dev = ucm::device::HostDevice::new();
+            let raw =
+                |d: &ucm::device::Memory, s: &ucm::device::Memory, n: usize| dev.raw_copy(d, s, n);
+            devbench::run(&dev, &raw, &cfg, progress)
+        }
+        #[cfg(feature = "ascend")]
+        "ascend" => {
+            let dev = ucm::device::accel::ascend::AscendDevice::new(a.index)
+                .map_err(|e| e.to_string())?;
+            let chunk = cfg.chunk;
+            let raw = |d: &ucm::device::Memory, s: &ucm::device::Memory, n: usize| {
+                dev.raw_copy(d, s, n, chunk)
+            };
+            devbench::run(&dev, &raw, &cfg, progress)
+        }
+        other => {
+            return Err(format!(
+                "device {other:?} is not available in this build (host{})",
+                if cfg!(feature = "ascend") {
+                    ", ascend"
+                } else {
+                    ""
+                }
+            ))
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    for r in &records {
+        if a.json {
+            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        } else {
+            println!(
+                "{:<12} {:>8.3} GiB/s  baseline {:>8.3} GiB/s  ratio {:.3}",
+                r.case, r.gib_s, r.limit_gib_s, r.ratio
+            );
+        }
     }
     Ok(())
 }

@@ -1,41 +1,52 @@
 //! End-to-end checks of the `ucm` binary: `info --json` and `bench io --json`.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
 fn ucm() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ucm"))
 }
 
-#[test]
-fn info_json_lists_every_device_and_engine() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = ucm()
-        .args(["info", "--json", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+/// Runs `cmd` and checks that it succeeded.
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let devices = v["devices"].as_array().unwrap();
-    let names: Vec<_> = devices
+    out
+}
+
+/// Parses stdout as JSON lines.
+fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The `name` fields of a JSON array.
+fn names(v: &serde_json::Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap()
         .iter()
         .map(|d| d["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["host", "cuda", "ascend"]);
+        .collect()
+}
+
+#[test]
+fn info_json_lists_every_device_and_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(ucm().args(["info", "--json", "--dir"]).arg(dir.path()));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(names(&v["devices"]), ["host", "cuda", "ascend"]);
+    let devices = v["devices"].as_array().unwrap();
     for d in devices {
         assert!(d["available"].is_boolean() && d["reason"].is_string());
     }
     assert_eq!(devices[0]["available"], true);
+    assert_eq!(names(&v["io_engines"]), ["io_uring", "libaio", "posix"]);
     let engines = v["io_engines"].as_array().unwrap();
-    let names: Vec<_> = engines
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["io_uring", "libaio", "posix"]);
     for e in engines {
         assert!(e["available"].is_boolean() && e["o_direct"].is_boolean());
         assert!(!e["reason"].as_str().unwrap().is_empty());
@@ -61,37 +72,28 @@ fn info_refuses_a_missing_directory() {
 #[test]
 fn bench_io_json_prints_one_record_per_case() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ucm()
-        .args([
-            "bench",
-            "io",
-            "--json",
-            "--engines",
-            "posix,libaio",
-            "--ops",
-            "seq_write,rand_read",
-            "--blocks",
-            "64K,128K",
-            "--depths",
-            "1,4",
-            "--size",
-            "2M",
-            "--reps",
-            "1",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let recs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let mut cmd = ucm();
+    cmd.args([
+        "bench",
+        "io",
+        "--json",
+        "--engines",
+        "posix,libaio",
+        "--ops",
+        "seq_write,rand_read",
+        "--blocks",
+        "64K,128K",
+        "--depths",
+        "1,4",
+        "--size",
+        "2M",
+        "--reps",
+        "1",
+    ])
+    .arg("--dir")
+    .arg(dir.path());
+    let out = run_ok(&mut cmd);
+    let recs = json_lines(&out);
     assert_eq!(recs.len(), 2 * 2 * 2 * 2);
     for r in &recs {
         for k in [
@@ -125,4 +127,63 @@ fn bench_io_rejects_bad_sizes() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("multiple of 4096"));
+}
+
+#[cfg(feature = "ascend")]
+#[test]
+fn info_reports_ascend_through_the_library_it_finds() {
+    let report = |lib: &std::path::Path| -> serde_json::Value {
+        let out = run_ok(ucm().args(["info", "--json"]).env("UCM_ACL_LIB", lib));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "ascend")
+            .unwrap()
+            .clone()
+    };
+    let absent = report(std::path::Path::new("/nonexistent/libascendcl.so"));
+    assert_eq!(absent["available"], false);
+    assert!(absent["reason"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/libascendcl.so"));
+    let double = ucm::device::accel::ascend::double_path().expect("the ACL double was built");
+    let present = report(&double);
+    assert_eq!(present["available"], true, "{present}");
+}
+
+#[cfg(feature = "ascend")]
+#[test]
+fn bench_device_runs_through_the_acl_double() {
+    let double = ucm::device::accel::ascend::double_path().expect("the ACL double was built");
+    let out = run_ok(
+        ucm()
+            .args(["bench", "device", "--json", "--device", "ascend"])
+            .args(["--size", "4M", "--chunk", "1M", "--reps", "1"])
+            .env("UCM_ACL_LIB", &double),
+    );
+    let recs = json_lines(&out);
+    let cases: Vec<_> = recs.iter().map(|r| r["case"].as_str().unwrap()).collect();
+    assert_eq!(cases, ["h2d_pinned", "d2h_pinned", "scatter_64k"]);
+}
+
+#[test]
+fn bench_device_on_the_host_prints_one_record_per_case() {
+    let out = run_ok(ucm().args([
+        "bench", "device", "--json", "--size", "4M", "--chunk", "1M", "--reps", "1",
+    ]));
+    let recs = json_lines(&out);
+    assert_eq!(recs.len(), 3);
+    for r in &recs {
+        for k in ["case", "gib_s", "limit_gib_s", "ratio"] {
+            assert!(r.get(k).is_some(), "missing {k} in {r}");
+        }
+    }
+    let out = ucm()
+        .args(["bench", "device", "--device", "tpu"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }
