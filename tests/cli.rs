@@ -172,18 +172,51 @@ fn bench_device_runs_through_the_acl_double() {
 #[test]
 fn bench_device_on_the_host_prints_one_record_per_case() {
     let out = run_ok(ucm().args([
-        "bench", "device", "--json", "--size", "4M", "--chunk", "1M", "--reps", "1",
+        "bench",
+        "device",
+        "--json",
+        "--size",
+        "4M",
+        "--chunk",
+        "1M",
+        "--reps",
+        "1",
+        "--layers",
+        "4",
+        "--layer-size",
+        "1M",
     ]));
     let recs = json_lines(&out);
-    assert_eq!(recs.len(), 3);
+    let cases: Vec<_> = recs.iter().map(|r| r["case"].as_str().unwrap()).collect();
+    assert_eq!(
+        cases,
+        ["h2d_pinned", "d2h_pinned", "scatter_64k", "layerwise"]
+    );
     for r in &recs {
         for k in ["case", "gib_s", "limit_gib_s", "ratio"] {
             assert!(r.get(k).is_some(), "missing {k} in {r}");
         }
     }
+    let hidden = recs[3]["hidden_io_fraction"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&hidden));
     let out = ucm()
         .args(["bench", "device", "--device", "tpu"])
         .output()
         .unwrap();
     assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not available in this build"));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn bench_device_on_cuda_without_a_driver_says_why() {
+    if ucm::device::accel::cuda::driver_present() {
+        return;
+    }
+    let out = ucm()
+        .args(["bench", "device", "--device", "cuda"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("libcuda"));
 }

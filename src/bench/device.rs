@@ -9,6 +9,12 @@
 //! - `scatter_64k`: one batched copy of 64 KiB runs to scattered device
 //!   offsets, against one contiguous copy of the same bytes through the
 //!   trait. Goal: ratio >= 0.8.
+//! - `layerwise` (where the backend has a compute kernel, or a host
+//!   stand-in): per layer, an H2D load on one stream and the layer's compute
+//!   on another, ordered by events with one layer of lookahead. `gib_s` is
+//!   the load rate in the pipeline, `limit_gib_s` the rate if I/O and compute
+//!   overlapped perfectly, and `hidden_io_fraction` the share of the I/O time
+//!   hidden behind compute.
 
 use std::time::Instant;
 
@@ -49,6 +55,9 @@ pub struct DeviceBenchRecord {
     pub limit_gib_s: f64,
     /// `gib_s / limit_gib_s`.
     pub ratio: f64,
+    /// Layerwise case only: the share of I/O time hidden behind compute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden_io_fraction: Option<f64>,
 }
 
 /// The backend's raw copy path: copies `len` bytes `src -> dst` and returns
@@ -85,6 +94,7 @@ fn record(case: &str, ours: &[f64], limit: &[f64]) -> DeviceBenchRecord {
         gib_s: r3(g),
         limit_gib_s: r3(l),
         ratio: if l > 0.0 { r3(g / l) } else { 0.0 },
+        hidden_io_fraction: None,
     }
 }
 
@@ -160,6 +170,96 @@ pub fn run<D: Device>(
     Ok(out)
 }
 
+/// One layer's compute, queued on a stream; the `u32` scales its duration.
+pub type Compute<'a, S> = dyn Fn(&S, u32) -> Result<(), DeviceError> + 'a;
+
+/// The layerwise case: `layers` loads of `layer_bytes` overlapped with as
+/// many computes, calibrated so one compute takes about one load.
+pub fn layerwise<D: Device>(
+    dev: &D,
+    compute: &Compute<'_, D::Stream>,
+    layers: usize,
+    layer_bytes: usize,
+    reps: usize,
+) -> Result<DeviceBenchRecord, DeviceError> {
+    if layers < 2 || layer_bytes == 0 || reps == 0 {
+        return Err(DeviceError::InvalidArgument(
+            "layerwise needs at least 2 layers, a layer size and 1 repetition".into(),
+        ));
+    }
+    let total = layers * layer_bytes;
+    let host = dev.alloc_pinned(total)?;
+    let dmem = dev.alloc_device(total)?;
+    let (load, comp) = (dev.create_stream()?, dev.create_stream()?);
+    let loaded: Vec<D::Event> = (0..layers)
+        .map(|_| dev.create_event())
+        .collect::<Result<_, _>>()?;
+    let computed: Vec<D::Event> = (0..layers)
+        .map(|_| dev.create_event())
+        .collect::<Result<_, _>>()?;
+    let secs = |f: &dyn Fn() -> Result<(), DeviceError>| -> Result<f64, DeviceError> {
+        let t = Instant::now();
+        f()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let load_layer = |k: usize| {
+        dev.copy_async(
+            &load,
+            &CopyRun::new(&dmem, k * layer_bytes, &host, k * layer_bytes, layer_bytes),
+        )
+    };
+    // Calibrate: scale the compute so that one layer's compute ~ one load.
+    let one_load = secs(&|| {
+        load_layer(0)?;
+        dev.synchronize_stream(&load)
+    })?;
+    let base = 64u32;
+    let one_compute = secs(&|| {
+        compute(&comp, base)?;
+        dev.synchronize_stream(&comp)
+    })?;
+    let iters = ((base as f64 * one_load / one_compute.max(1e-9)).round() as u32).clamp(1, 1 << 24);
+
+    let (mut t_io, mut t_c, mut t_pipe) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..reps {
+        t_io.push(secs(&|| {
+            (0..layers).try_for_each(load_layer)?;
+            dev.synchronize_stream(&load)
+        })?);
+        t_c.push(secs(&|| {
+            (0..layers).try_for_each(|_| compute(&comp, iters))?;
+            dev.synchronize_stream(&comp)
+        })?);
+        t_pipe.push(secs(&|| {
+            for k in 0..layers {
+                if k >= 2 {
+                    // One layer of lookahead: load k once compute k-2 is done.
+                    dev.stream_wait_event(&load, &computed[k - 2])?;
+                }
+                load_layer(k)?;
+                dev.record_event(&loaded[k], &load)?;
+                dev.stream_wait_event(&comp, &loaded[k])?;
+                compute(&comp, iters)?;
+                dev.record_event(&computed[k], &comp)?;
+            }
+            dev.synchronize_stream(&load)?;
+            dev.synchronize_stream(&comp)
+        })?);
+    }
+    let (io, c, pipe) = (median(&t_io), median(&t_c), median(&t_pipe));
+    let hidden = ((io + c - pipe) / io.max(1e-12)).clamp(0.0, 1.0);
+    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    let gib = gib_s(total as u64, pipe);
+    let limit = gib_s(total as u64, io.max(c));
+    Ok(DeviceBenchRecord {
+        case: "layerwise".into(),
+        gib_s: r3(gib),
+        limit_gib_s: r3(limit),
+        ratio: if limit > 0.0 { r3(gib / limit) } else { 0.0 },
+        hidden_io_fraction: Some(r3(hidden)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +281,28 @@ mod tests {
             .iter()
             .all(|r| r.gib_s > 0.0 && r.limit_gib_s > 0.0 && r.ratio > 0.0));
         assert!(run(&dev, &raw, &DeviceBenchConfig { reps: 0, ..cfg }, |_| {}).is_err());
+    }
+
+    #[test]
+    fn layerwise_reports_a_hidden_fraction() {
+        let dev = HostDevice::new();
+        let compute = |s: &<HostDevice as Device>::Stream, iters: u32| {
+            dev.launch_host_fn(
+                s,
+                Box::new(move || {
+                    let t = Instant::now();
+                    while t.elapsed().as_micros() < iters as u128 {
+                        std::hint::spin_loop();
+                    }
+                    Ok(())
+                }),
+            )
+        };
+        let r = layerwise(&dev, &compute, 8, 1 << 20, 1).unwrap();
+        assert_eq!(r.case, "layerwise");
+        let h = r.hidden_io_fraction.unwrap();
+        assert!((0.0..=1.0).contains(&h), "{h}");
+        assert!(r.gib_s > 0.0 && r.limit_gib_s > 0.0);
+        assert!(layerwise(&dev, &compute, 1, 1 << 20, 1).is_err());
     }
 }

@@ -13,7 +13,11 @@
 
 #[cfg(feature = "ascend")]
 pub mod ascend;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod host;
+#[cfg(any(feature = "cuda", feature = "ascend"))]
+mod sticky;
 
 use std::any::Any;
 use std::fmt;
@@ -392,11 +396,7 @@ pub fn probe_devices() -> Vec<BackendStatus> {
             available: true,
             reason: "always available: plain memory, worker threads as streams".into(),
         },
-        BackendStatus {
-            name: "cuda",
-            available: false,
-            reason: "not built: this build has no `cuda` feature".into(),
-        },
+        cuda_status(),
         ascend_status(),
     ]
 }
@@ -417,5 +417,24 @@ fn ascend_status() -> BackendStatus {
         name: "ascend",
         available: false,
         reason: "not built: this build has no `ascend` feature".into(),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_status() -> BackendStatus {
+    let (available, reason) = cuda::probe();
+    BackendStatus {
+        name: "cuda",
+        available,
+        reason,
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_status() -> BackendStatus {
+    BackendStatus {
+        name: "cuda",
+        available: false,
+        reason: "not built: this build has no `cuda` feature".into(),
     }
 }

@@ -24,11 +24,11 @@ pub mod sys;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use super::sticky::{host_trampoline, EventMark, HostCall, StreamState};
 use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 use sys::AclLib;
@@ -259,47 +259,6 @@ unsafe impl Send for Raw {}
 // SAFETY: as above.
 unsafe impl Sync for Raw {}
 
-/// Sticky-error bookkeeping of one stream (see the module docs).
-#[derive(Default)]
-struct StreamState {
-    /// Operations queued so far; each gets the count before it as its position.
-    seq: AtomicU64,
-    /// The earliest failed position and its error.
-    failed: Mutex<Option<(u64, DeviceError)>>,
-    /// Waits on events: (position of the wait, awaited stream, bound there).
-    deps: Mutex<Vec<(u64, Arc<StreamState>, u64)>>,
-}
-
-impl StreamState {
-    fn next(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::SeqCst)
-    }
-
-    fn fail(&self, at: u64, e: DeviceError) {
-        let mut f = lock(&self.failed);
-        if f.as_ref().is_none_or(|(p, _)| at < *p) {
-            *f = Some((at, e));
-        }
-    }
-
-    /// The error of work queued before position `bound`, directly or
-    /// through waited-on events.
-    fn error_before(&self, bound: u64, depth: u32) -> Option<DeviceError> {
-        if let Some((p, e)) = lock(&self.failed).as_ref() {
-            if *p < bound {
-                return Some(e.clone());
-            }
-        }
-        if depth >= 32 {
-            return None;
-        }
-        let deps = lock(&self.deps).clone();
-        deps.into_iter()
-            .filter(|(at, _, _)| *at < bound)
-            .find_map(|(_, s, upto)| s.error_before(upto, depth + 1))
-    }
-}
-
 /// An ACL stream.
 pub struct AscendStream {
     ctx: Arc<DeviceCtx>,
@@ -319,15 +278,7 @@ impl Drop for AscendStream {
 pub struct AscendEvent {
     ctx: Arc<DeviceCtx>,
     raw: Raw,
-    recorded: Mutex<Option<(Arc<StreamState>, u64)>>,
-}
-
-impl AscendEvent {
-    fn sticky_error(&self) -> Option<DeviceError> {
-        lock(&self.recorded)
-            .as_ref()
-            .and_then(|(s, bound)| s.error_before(*bound, 0))
-    }
+    mark: EventMark,
 }
 
 impl Drop for AscendEvent {
@@ -524,25 +475,6 @@ fn location(kind: MemKind, device: i32) -> sys::aclrtMemLocation {
     }
 }
 
-struct HostCall {
-    f: HostFn,
-    state: Arc<StreamState>,
-    at: u64,
-}
-
-unsafe extern "C" fn host_trampoline(args: *mut c_void) {
-    // SAFETY: `args` is the `Box<HostCall>` leaked in `launch_host_fn`, and
-    // ACL calls each host function once.
-    let call = unsafe { Box::from_raw(args.cast::<HostCall>()) };
-    let HostCall { f, state, at } = *call;
-    // Never unwind into the C runtime.
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => state.fail(at, e),
-        Err(_) => state.fail(at, DeviceError::Stream("host function panicked".into())),
-    }
-}
-
 impl Device for AscendDevice {
     type Stream = AscendStream;
     type Event = AscendEvent;
@@ -627,7 +559,7 @@ impl Device for AscendDevice {
         Ok(AscendEvent {
             ctx: Arc::clone(&self.ctx),
             raw: Raw(raw),
-            recorded: Mutex::new(None),
+            mark: EventMark::default(),
         })
     }
 
@@ -716,19 +648,15 @@ impl Device for AscendDevice {
         self.check_stream(stream)?;
         self.ctx.bind()?;
         let at = stream.state.next();
-        let call = Box::into_raw(Box::new(HostCall {
-            f,
-            state: Arc::clone(&stream.state),
-            at,
-        }));
+        let call = HostCall::into_raw(f, &stream.state, at);
         // SAFETY: the trampoline takes the box back exactly once and never
         // unwinds; on failure the runtime never calls it, so we reclaim it.
         let r = unsafe {
-            result::launch_host_func(self.ctx.lib(), stream.raw.0, host_trampoline, call.cast())
+            result::launch_host_func(self.ctx.lib(), stream.raw.0, host_trampoline, call)
         };
         if r.is_err() {
-            // SAFETY: not handed to the runtime; reclaimed once.
-            drop(unsafe { Box::from_raw(call) });
+            // SAFETY: not handed to the runtime.
+            unsafe { HostCall::reclaim(call) };
         }
         r
     }
@@ -737,10 +665,9 @@ impl Device for AscendDevice {
         self.check_stream(stream)?;
         self.check_event(event)?;
         self.ctx.bind()?;
-        let mut rec = lock(&event.recorded);
         // SAFETY: live handles of this device, bound on this thread.
         unsafe { result::record_event(self.ctx.lib(), event.raw.0, stream.raw.0) }?;
-        *rec = Some((Arc::clone(&stream.state), stream.state.next()));
+        event.mark.set(&stream.state);
         Ok(())
     }
 
@@ -751,7 +678,7 @@ impl Device for AscendDevice {
         if !unsafe { result::query_event(self.ctx.lib(), event.raw.0) }? {
             return Ok(false);
         }
-        match event.sticky_error() {
+        match event.mark.error() {
             Some(e) => Err(e),
             None => Ok(true),
         }
@@ -762,7 +689,7 @@ impl Device for AscendDevice {
         self.ctx.bind()?;
         // SAFETY: live handle of this device, bound on this thread.
         unsafe { result::synchronize_event(self.ctx.lib(), event.raw.0) }?;
-        match event.sticky_error() {
+        match event.mark.error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -772,14 +699,12 @@ impl Device for AscendDevice {
         self.check_stream(stream)?;
         self.check_event(event)?;
         self.ctx.bind()?;
-        let rec = lock(&event.recorded).clone();
-        let Some((on, upto)) = rec else {
+        let Some((on, upto)) = event.mark.get() else {
             return Ok(()); // never recorded: nothing to wait for
         };
         // SAFETY: live handles of this device, bound on this thread.
         unsafe { result::stream_wait_event(self.ctx.lib(), stream.raw.0, event.raw.0) }?;
-        let at = stream.state.next();
-        lock(&stream.state.deps).push((at, on, upto));
+        stream.state.wait_on(stream.state.next(), on, upto);
         Ok(())
     }
 
@@ -788,7 +713,7 @@ impl Device for AscendDevice {
         self.ctx.bind()?;
         // SAFETY: live handle of this device, bound on this thread.
         unsafe { result::synchronize_stream(self.ctx.lib(), stream.raw.0) }?;
-        match stream.state.error_before(u64::MAX, 0) {
+        match stream.state.error_before(u64::MAX) {
             Some(e) => Err(e),
             None => Ok(()),
         }

@@ -1,0 +1,692 @@
+//! The CUDA backend of the [`Device`] trait (feature `cuda`), through
+//! cudarc 0.19 with libcuda loaded at run time, so the crate builds with no
+//! CUDA toolkit and runs with no driver (the probe says why).
+//!
+//! Context handling is cudarc's (`CudaContext`: the primary context, bound
+//! to each calling thread); every other call goes through cudarc's `result`
+//! and `sys` layers on raw handles held by RAII types whose `Drop` never
+//! panics (errors are kept, see [`CudaDevice::take_deferred_errors`]).
+//! Sticky errors of host functions follow the same positions scheme as the
+//! Ascend backend (`docs/decisions.md`, D17).
+
+use std::ffi::c_void;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::{sys, CudaContext};
+
+use super::sticky::{host_trampoline, EventMark, HostCall, StreamState};
+use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
+use crate::error::{DeviceError, Result};
+
+fn drv(api: &'static str) -> impl FnOnce(DriverError) -> DeviceError {
+    move |e| DeviceError::Driver {
+        api,
+        code: e.0 as i64,
+        message: e
+            .error_string()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    }
+}
+
+fn unsupported(reason: String) -> DeviceError {
+    DeviceError::Unsupported {
+        backend: "cuda",
+        reason,
+    }
+}
+
+/// True when libcuda can be loaded here. Never panics.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { sys::is_culib_present() }
+}
+
+/// What `ucm info` says of the CUDA backend. Never panics.
+pub fn probe() -> (bool, String) {
+    if !driver_present() {
+        return (
+            false,
+            "libcuda not found (no NVIDIA driver on this machine)".into(),
+        );
+    }
+    match CudaContext::device_count() {
+        Ok(0) => (false, "the driver reports no CUDA device".into()),
+        Ok(n) => (true, format!("{n} CUDA device(s)")),
+        Err(e) => (false, drv("cuInit")(e).to_string()),
+    }
+}
+
+/// Shared by every handle of one device: the context and the errors that
+/// `Drop` implementations could not return.
+struct Ctx {
+    cu: Arc<CudaContext>,
+    deferred: Mutex<Vec<DeviceError>>,
+}
+
+impl Ctx {
+    fn bind(&self) -> Result<()> {
+        self.cu.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+    }
+
+    fn release(&self, api: &'static str, f: impl FnOnce() -> std::result::Result<(), DriverError>) {
+        let r = self.bind().and_then(|_| f().map_err(drv(api)));
+        if let Err(e) = r {
+            log::error!("cuda: deferred error: {e}");
+            self.deferred
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(e);
+        }
+    }
+}
+
+/// A raw CUDA handle or pointer that may cross threads.
+#[derive(Clone, Copy)]
+struct Raw<T>(T);
+
+// SAFETY: CUDA streams, events and addresses are process-wide values that
+// the driver allows on any thread once the context is current there.
+unsafe impl<T> Send for Raw<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for Raw<T> {}
+
+/// A CUDA stream (non-blocking).
+pub struct CudaStream {
+    ctx: Arc<Ctx>,
+    raw: Raw<sys::CUstream>,
+    state: Arc<StreamState>,
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        let s = self.raw.0;
+        // SAFETY: the stream is live and destroyed once, here.
+        self.ctx
+            .release("cuStreamDestroy", || unsafe { result::stream::destroy(s) });
+    }
+}
+
+/// A CUDA event (timing disabled).
+pub struct CudaEvent {
+    ctx: Arc<Ctx>,
+    raw: Raw<sys::CUevent>,
+    mark: EventMark,
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        let e = self.raw.0;
+        // SAFETY: the event is live and destroyed once, here.
+        self.ctx
+            .release("cuEventDestroy", || unsafe { result::event::destroy(e) });
+    }
+}
+
+enum AllocKind {
+    Device,
+    Host,
+    Registered,
+}
+
+struct Alloc {
+    ctx: Arc<Ctx>,
+    addr: Raw<u64>,
+    kind: AllocKind,
+}
+
+impl Drop for Alloc {
+    fn drop(&mut self) {
+        let a = self.addr.0;
+        let kind = std::mem::replace(&mut self.kind, AllocKind::Device);
+        self.ctx.release("cuMemFree", || {
+            // Queued copies may still use the memory: drain the context.
+            result::ctx::synchronize()?;
+            // SAFETY: the allocation is live, released once, and no queued
+            // work uses it any more.
+            unsafe {
+                match kind {
+                    AllocKind::Device => result::free_sync(a),
+                    AllocKind::Host => result::free_host(a as *mut c_void),
+                    AllocKind::Registered => sys::cuMemHostUnregister(a as *mut c_void).result(),
+                }
+            }
+        });
+    }
+}
+
+/// The layer-compute kernel (`device/cuda/layer_compute.ptx`), loaded once
+/// per device.
+struct LayerKernel {
+    ctx: Arc<Ctx>,
+    module: Raw<sys::CUmodule>,
+    function: Raw<sys::CUfunction>,
+}
+
+impl Drop for LayerKernel {
+    fn drop(&mut self) {
+        let m = self.module.0;
+        // SAFETY: the module is live and unloaded once; the context is
+        // drained first so no launch still uses it.
+        self.ctx.release("cuModuleUnload", || {
+            result::ctx::synchronize()?;
+            unsafe { result::module::unload(m) }
+        });
+    }
+}
+
+const LAYER_COMPUTE_PTX: &str = include_str!("../../cuda/layer_compute.ptx");
+
+/// A Device on one NVIDIA GPU.
+pub struct CudaDevice {
+    ctx: Arc<Ctx>,
+    id: DeviceId,
+    use_batch_api: AtomicBool,
+    kernel: OnceLock<std::result::Result<LayerKernel, DeviceError>>,
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`. Without a driver this is an `Unsupported` error,
+    /// never a panic.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !driver_present() {
+            return Err(unsupported(
+                "libcuda not found (no NVIDIA driver on this machine)".into(),
+            ));
+        }
+        let count = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(DeviceError::InvalidArgument(format!(
+                "GPU {ordinal} does not exist ({count} found)"
+            )));
+        }
+        let cu = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        Ok(CudaDevice {
+            ctx: Arc::new(Ctx {
+                cu,
+                deferred: Mutex::new(Vec::new()),
+            }),
+            id: DeviceId::fresh(),
+            use_batch_api: AtomicBool::new(false),
+            kernel: OnceLock::new(),
+        })
+    }
+
+    fn layer_kernel(&self) -> Result<&LayerKernel> {
+        let k = self.kernel.get_or_init(|| {
+            self.ctx.bind()?;
+            let image = CString::new(LAYER_COMPUTE_PTX)
+                .map_err(|_| DeviceError::InvalidArgument("PTX holds a NUL byte".into()))?;
+            // SAFETY: `image` is a NUL-terminated PTX text, alive for the call.
+            let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+                .map_err(drv("cuModuleLoadData"))?;
+            let name = CString::new("ucm_layer_compute").unwrap_or_default();
+            // SAFETY: `module` is live; the name is NUL-terminated.
+            match unsafe { result::module::get_function(module, name) } {
+                Ok(f) => Ok(LayerKernel {
+                    ctx: Arc::clone(&self.ctx),
+                    module: Raw(module),
+                    function: Raw(f),
+                }),
+                Err(e) => {
+                    // SAFETY: loaded above, unused.
+                    let _ = unsafe { result::module::unload(module) };
+                    Err(drv("cuModuleGetFunction")(e))
+                }
+            }
+        });
+        k.as_ref().map_err(Clone::clone)
+    }
+
+    /// Queues one layer's worth of real compute on `stream`: a kernel over
+    /// the floats of `buf` (device memory of this device) that runs `iters`
+    /// dependent FMAs per element. Used by `ucm bench device` to measure how
+    /// much I/O a layerwise pipeline hides.
+    pub fn launch_layer_compute(
+        &self,
+        stream: &CudaStream,
+        buf: &Memory,
+        iters: u32,
+    ) -> Result<()> {
+        self.check_stream(stream)?;
+        if buf.device() != self.id || buf.kind() != MemKind::Device || buf.len() < 4 {
+            return Err(DeviceError::InvalidArgument(
+                "layer compute needs device memory of this GPU, at least 4 bytes".into(),
+            ));
+        }
+        let k = self.layer_kernel()?;
+        self.ctx.bind()?;
+        let mut x = buf.addr();
+        let mut n = (buf.len() / 4) as u64;
+        let mut it = iters;
+        let mut params: [*mut c_void; 3] = [
+            (&mut x as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+            (&mut it as *mut u32).cast(),
+        ];
+        let threads = 256u32;
+        let blocks = n.div_ceil(threads as u64).min(132 * 16) as u32;
+        stream.state.next();
+        // SAFETY: the kernel's parameters are (u64 ptr, u64 n, u32 iters),
+        // matching `params`; `x` is device memory of `n` floats that lives
+        // until the context is drained.
+        unsafe {
+            result::launch_kernel(
+                k.function.0,
+                (blocks, 1, 1),
+                (threads, 1, 1),
+                0,
+                stream.raw.0,
+                &mut params,
+            )
+        }
+        .map_err(drv("cuLaunchKernel"))
+    }
+
+    /// Errors that `Drop` implementations recorded instead of panicking.
+    pub fn take_deferred_errors(&self) -> Vec<DeviceError> {
+        std::mem::take(&mut *self.ctx.deferred.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// True when the driver exports `cuMemcpyBatchAsync` (CUDA 12.8+).
+    pub fn batch_api_available(&self) -> bool {
+        // SAFETY: the library is present (checked in `new`); looking up a
+        // symbol has no other precondition.
+        unsafe {
+            sys::culib()
+                .get::<unsafe extern "C" fn()>(b"cuMemcpyBatchAsync")
+                .is_ok()
+        }
+    }
+
+    /// Whether batched copies use `cuMemcpyBatchAsync` (off by default until
+    /// a GPU run shows it is faster than the loop; see the README).
+    pub fn batch_api(&self) -> bool {
+        self.use_batch_api.load(Ordering::Relaxed)
+    }
+
+    /// Chooses `cuMemcpyBatchAsync` (when the driver has it) or the loop.
+    pub fn set_batch_api(&self, on: bool) {
+        let on = on && self.batch_api_available();
+        self.use_batch_api.store(on, Ordering::Relaxed);
+    }
+
+    /// The raw baseline of `ucm bench device`: `cuMemcpy*Async` of
+    /// `chunk`-byte pieces through cudarc's `sys` layer on a private
+    /// stream, then `cuStreamSynchronize`.
+    pub fn raw_copy(&self, dst: &Memory, src: &Memory, len: usize, chunk: usize) -> Result<()> {
+        let kind = CopyRun::new(dst, 0, src, 0, len).validate(self.id, 1)?;
+        if chunk == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "chunk must be positive".into(),
+            ));
+        }
+        let stream = self.create_stream()?;
+        let mut off = 0;
+        while off < len {
+            let n = chunk.min(len - off);
+            // SAFETY: validated in bounds above; both regions outlive the
+            // synchronisation below.
+            unsafe {
+                raw_copy(
+                    kind,
+                    dst.addr() + off as u64,
+                    src.addr() + off as u64,
+                    n,
+                    stream.raw.0,
+                )
+            }?;
+            off += n;
+        }
+        // SAFETY: live stream.
+        unsafe { result::stream::synchronize(stream.raw.0) }.map_err(drv("cuStreamSynchronize"))
+    }
+
+    fn check_stream(&self, s: &CudaStream) -> Result<()> {
+        if Arc::ptr_eq(&s.ctx, &self.ctx) {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidArgument(
+                "stream belongs to another device".into(),
+            ))
+        }
+    }
+
+    fn check_event(&self, e: &CudaEvent) -> Result<()> {
+        if Arc::ptr_eq(&e.ctx, &self.ctx) {
+            Ok(())
+        } else {
+            Err(DeviceError::InvalidArgument(
+                "event belongs to another device".into(),
+            ))
+        }
+    }
+
+    fn memory(&self, kind: MemKind, addr: u64, len: usize, alloc: Option<AllocKind>) -> Memory {
+        let owner: Box<dyn std::any::Any + Send + Sync> = match alloc {
+            Some(kind) => Box::new(Alloc {
+                ctx: Arc::clone(&self.ctx),
+                addr: Raw(addr),
+                kind,
+            }),
+            None => Box::new(Arc::clone(&self.ctx)),
+        };
+        Memory::from_parts(self.id, kind, addr, len, owner)
+    }
+}
+
+/// One async copy through the driver.
+///
+/// # Safety
+/// 1. The context is current on this thread and `stream` is live.
+/// 2. `[dst, dst + n)` and `[src, src + n)` are valid memory of the kinds
+///    `kind` names until the copy completes.
+unsafe fn raw_copy(
+    kind: CopyKind,
+    dst: u64,
+    src: u64,
+    n: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: per the contract.
+    unsafe {
+        match kind {
+            CopyKind::HostToDevice => {
+                sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, n, stream)
+                    .result()
+                    .map_err(drv("cuMemcpyHtoDAsync"))
+            }
+            CopyKind::DeviceToHost => sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, n, stream)
+                .result()
+                .map_err(drv("cuMemcpyDtoHAsync")),
+            CopyKind::DeviceToDevice => sys::cuMemcpyDtoDAsync_v2(dst, src, n, stream)
+                .result()
+                .map_err(drv("cuMemcpyDtoDAsync")),
+        }
+    }
+}
+
+fn location(kind: MemKind, ordinal: usize) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: match kind {
+            MemKind::Device => sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            MemKind::Pinned => sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+        },
+        id: if kind == MemKind::Device {
+            ordinal as i32
+        } else {
+            0
+        },
+    }
+}
+
+impl Device for CudaDevice {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    fn copy_alignment(&self) -> usize {
+        1
+    }
+
+    fn alloc_device(&self, len: usize) -> Result<Memory> {
+        if len == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "cannot allocate zero bytes".into(),
+            ));
+        }
+        self.ctx.bind()?;
+        // SAFETY: context current on this thread.
+        let p = unsafe { result::malloc_sync(len) }.map_err(drv("cuMemAlloc"))?;
+        Ok(self.memory(MemKind::Device, p, len, Some(AllocKind::Device)))
+    }
+
+    fn alloc_pinned(&self, len: usize) -> Result<Memory> {
+        if len == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "cannot allocate zero bytes".into(),
+            ));
+        }
+        self.ctx.bind()?;
+        // SAFETY: context current on this thread.
+        let p = unsafe { result::malloc_host(len, 0) }.map_err(drv("cuMemHostAlloc"))?;
+        Ok(self.memory(MemKind::Pinned, p as u64, len, Some(AllocKind::Host)))
+    }
+
+    unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Memory> {
+        if addr.is_null() || len == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "cannot register a null or empty host region".into(),
+            ));
+        }
+        self.ctx.bind()?;
+        // SAFETY: the caller guarantees the region (trait contract).
+        unsafe { sys::cuMemHostRegister_v2(addr.cast(), len, 0) }
+            .result()
+            .map_err(drv("cuMemHostRegister"))?;
+        Ok(self.memory(
+            MemKind::Pinned,
+            addr as u64,
+            len,
+            Some(AllocKind::Registered),
+        ))
+    }
+
+    unsafe fn import_device(&self, addr: u64, len: usize) -> Result<Memory> {
+        if addr == 0 || len == 0 {
+            return Err(DeviceError::InvalidArgument(
+                "cannot import a null or empty device region".into(),
+            ));
+        }
+        Ok(self.memory(MemKind::Device, addr, len, None))
+    }
+
+    fn create_stream(&self) -> Result<CudaStream> {
+        self.ctx.bind()?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(drv("cuStreamCreate"))?;
+        Ok(CudaStream {
+            ctx: Arc::clone(&self.ctx),
+            raw: Raw(raw),
+            state: Arc::new(StreamState::default()),
+        })
+    }
+
+    fn create_event(&self) -> Result<CudaEvent> {
+        self.ctx.bind()?;
+        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(drv("cuEventCreate"))?;
+        Ok(CudaEvent {
+            ctx: Arc::clone(&self.ctx),
+            raw: Raw(raw),
+            mark: EventMark::default(),
+        })
+    }
+
+    fn copy_async(&self, stream: &CudaStream, run: &CopyRun<'_>) -> Result<()> {
+        self.copy_batch_async(stream, std::slice::from_ref(run))
+    }
+
+    fn copy_batch_async(&self, stream: &CudaStream, runs: &[CopyRun<'_>]) -> Result<()> {
+        self.check_stream(stream)?;
+        let kinds = runs
+            .iter()
+            .map(|r| r.validate(self.id, 1))
+            .collect::<Result<Vec<_>>>()?;
+        let runs: Vec<_> = runs.iter().zip(kinds).filter(|(r, _)| r.len > 0).collect();
+        if runs.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let s = stream.raw.0;
+        if runs.len() > 1 && self.batch_api() {
+            let ordinal = self.ctx.cu.ordinal();
+            let mut dsts: Vec<u64> = runs
+                .iter()
+                .map(|(r, _)| r.dst.addr() + r.dst_offset as u64)
+                .collect();
+            let mut srcs: Vec<u64> = runs
+                .iter()
+                .map(|(r, _)| r.src.addr() + r.src_offset as u64)
+                .collect();
+            let mut sizes: Vec<usize> = runs.iter().map(|(r, _)| r.len).collect();
+            let mut attrs: Vec<sys::CUmemcpyAttributes> = Vec::new();
+            let mut attr_of: Vec<CopyKind> = Vec::new();
+            let mut idx = Vec::with_capacity(runs.len());
+            for (r, k) in &runs {
+                let i = match attr_of.iter().position(|x| x == k) {
+                    Some(i) => i,
+                    None => {
+                        attr_of.push(*k);
+                        attrs.push(sys::CUmemcpyAttributes {
+                            srcAccessOrder:
+                                sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                            srcLocHint: location(r.src.kind(), ordinal),
+                            dstLocHint: location(r.dst.kind(), ordinal),
+                            flags: 0,
+                        });
+                        attrs.len() - 1
+                    }
+                };
+                idx.push(i);
+            }
+            for _ in &runs {
+                stream.state.next();
+            }
+            let mut fail = usize::MAX;
+            // SAFETY: every run was validated; the arrays have one entry per
+            // run and every index is below `attrs.len()`; memory stays alive
+            // (allocations drain the context before release).
+            return unsafe {
+                sys::cuMemcpyBatchAsync(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    dsts.len(),
+                    attrs.as_mut_ptr(),
+                    idx.as_mut_ptr(),
+                    attrs.len(),
+                    &mut fail,
+                    s,
+                )
+            }
+            .result()
+            .map_err(|e| match drv("cuMemcpyBatchAsync")(e) {
+                DeviceError::Driver { api, code, message } => DeviceError::Driver {
+                    api,
+                    code,
+                    message: format!("{message} (run {fail})"),
+                },
+                other => other,
+            });
+        }
+        for (r, k) in runs {
+            stream.state.next();
+            // SAFETY: validated (same device, in bounds, legal direction);
+            // memory stays alive until the context is drained.
+            unsafe {
+                raw_copy(
+                    k,
+                    r.dst.addr() + r.dst_offset as u64,
+                    r.src.addr() + r.src_offset as u64,
+                    r.len,
+                    s,
+                )
+            }?;
+        }
+        Ok(())
+    }
+
+    fn launch_host_fn(&self, stream: &CudaStream, f: HostFn) -> Result<()> {
+        self.check_stream(stream)?;
+        self.ctx.bind()?;
+        let at = stream.state.next();
+        let call = HostCall::into_raw(f, &stream.state, at);
+        // SAFETY: the trampoline takes the box back once and never unwinds.
+        let r =
+            unsafe { result::stream::launch_host_function(stream.raw.0, host_trampoline, call) }
+                .map_err(drv("cuLaunchHostFunc"));
+        if r.is_err() {
+            // SAFETY: not handed to the driver.
+            unsafe { HostCall::reclaim(call) };
+        }
+        r
+    }
+
+    fn record_event(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+        self.check_stream(stream)?;
+        self.check_event(event)?;
+        self.ctx.bind()?;
+        // SAFETY: live handles of this context.
+        unsafe { result::event::record(event.raw.0, stream.raw.0) }
+            .map_err(drv("cuEventRecord"))?;
+        event.mark.set(&stream.state);
+        Ok(())
+    }
+
+    fn query_event(&self, event: &CudaEvent) -> Result<bool> {
+        self.check_event(event)?;
+        self.ctx.bind()?;
+        // SAFETY: live handle of this context.
+        match unsafe { result::event::query(event.raw.0) } {
+            Ok(()) => match event.mark.error() {
+                Some(e) => Err(e),
+                None => Ok(true),
+            },
+            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(e) => Err(drv("cuEventQuery")(e)),
+        }
+    }
+
+    fn synchronize_event(&self, event: &CudaEvent) -> Result<()> {
+        self.check_event(event)?;
+        self.ctx.bind()?;
+        // SAFETY: live handle of this context.
+        unsafe { result::event::synchronize(event.raw.0) }.map_err(drv("cuEventSynchronize"))?;
+        match event.mark.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn stream_wait_event(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+        self.check_stream(stream)?;
+        self.check_event(event)?;
+        self.ctx.bind()?;
+        let Some((on, upto)) = event.mark.get() else {
+            return Ok(()); // never recorded: nothing to wait for
+        };
+        // SAFETY: live handles of this context.
+        unsafe {
+            result::stream::wait_event(
+                stream.raw.0,
+                event.raw.0,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(drv("cuStreamWaitEvent"))?;
+        stream.state.wait_on(stream.state.next(), on, upto);
+        Ok(())
+    }
+
+    fn synchronize_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.check_stream(stream)?;
+        self.ctx.bind()?;
+        // SAFETY: live handle of this context.
+        unsafe { result::stream::synchronize(stream.raw.0) }.map_err(drv("cuStreamSynchronize"))?;
+        match stream.state.error_before(u64::MAX) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}

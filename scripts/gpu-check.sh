@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs UCM's CUDA checks on a machine with an NVIDIA GPU and driver, but no
+# Rust toolchain. Build the binaries beforehand on an x86-64 Linux machine:
+#
+#   cargo test -p ucm-device --features cuda --no-run 2>&1 | grep -o 'target/[^ )]*cuda_gpu-[0-9a-f]*'
+#   cargo build --release --features cuda
+#
+# and put the test executable target/debug/deps/cuda_gpu-<hash>, the file
+# target/release/ucm and this script into one folder (BIN_DIR, default: the
+# script's folder). No CUDA toolkit is needed on either machine: cudarc
+# loads libcuda at run time, and the layer kernel is PTX the driver compiles.
+#
+# It runs the CUDA tests with UCM_REQUIRE_GPU=1 (they fail, never skip,
+# without a usable GPU), then `ucm bench device --device cuda --json`:
+#   h2d_pinned / d2h_pinned   against a raw cuMemcpy*Async loop (goal >= 0.9)
+#   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.8)
+#   scatter_64k_batch_api     the same through cuMemcpyBatchAsync, when exported
+#   layerwise                 loads overlapped with a real kernel per layer,
+#                             with the hidden fraction of the I/O
+# Everything finishes in well under 5 minutes. Results go to $OUT (or
+# $BIN_DIR/gpu-check-out).
+set -euo pipefail
+BIN_DIR=${BIN_DIR:-$(cd "$(dirname "$0")" && pwd)}
+OUT=${OUT:-$BIN_DIR/gpu-check-out}
+mkdir -p "$OUT"
+export UCM_REQUIRE_GPU=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    | tee "$OUT/gpu.txt" || true
+gpu_test=$(ls "$BIN_DIR"/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
+[ -x "$gpu_test" ] || { echo "no cuda_gpu-* test binary in $BIN_DIR" >&2; exit 2; }
+echo "== CUDA tests (UCM_REQUIRE_GPU=1)"
+timeout 120 "$gpu_test" --nocapture --test-threads=1 2>&1 | tee "$OUT/cuda-tests.log"
+echo "== ucm info"
+"$BIN_DIR/ucm" info --json | tee "$OUT/info.json"
+echo "== ucm bench device --device cuda"
+timeout 150 "$BIN_DIR/ucm" bench device --device cuda --json --size 1G --reps 5 \
+    --layers 32 --layer-size 64M | tee "$OUT/bench-device.jsonl"
+echo "== done: record the figures in the README with the date and GPU model"
