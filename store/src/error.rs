@@ -1,0 +1,58 @@
+//! The one error type of the `store` crate.
+
+use std::path::PathBuf;
+
+use ucm_device::DeviceError;
+
+/// Everything the store can report.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The HAL (an I/O engine or a device) failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A file-system call outside the I/O engine failed.
+    #[error("{op} {path:?}: {source}")]
+    Fs {
+        /// What was attempted.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration value is unusable.
+    #[error("bad store configuration: {0}")]
+    Config(String),
+    /// The directory belongs to an instance of another geometry.
+    #[error("{path:?} holds a store of another geometry ({found}); expected {expected}")]
+    GeometryMismatch {
+        /// The geometry marker file.
+        path: PathBuf,
+        /// What the directory holds.
+        found: String,
+        /// What this instance was built with.
+        expected: String,
+    },
+    /// A request names a shard outside the geometry.
+    #[error("shard {shard} out of range: the geometry has {shards} shards per block")]
+    ShardOutOfRange {
+        /// The shard asked for.
+        shard: u32,
+        /// Shards per block.
+        shards: u32,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn fs(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| StoreError::Fs { op, path, source }
+    }
+}
+
+/// Result alias of the `store` crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,56 @@
+//! Geometry: fixed when an instance is built, never carried by a task.
+
+use crate::error::{Result, StoreError};
+use ucm_device::io::DIRECT_IO_ALIGN;
+
+/// A block id: 16 bytes, content-addressed and prefix-chained upstream.
+pub type BlockId = [u8; 16];
+
+/// The shape of every block of one store instance. Another geometry means
+/// another instance, with its own directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    /// Bytes of one shard (one access unit of one block); a multiple of 4 KiB.
+    pub shard_bytes: usize,
+    /// Shards per block.
+    pub shards_per_block: u32,
+}
+
+impl Geometry {
+    /// Checks the values: positive, shard size a multiple of 4 KiB (O_DIRECT).
+    pub fn validate(&self) -> Result<()> {
+        if self.shard_bytes == 0 || self.shard_bytes % DIRECT_IO_ALIGN != 0 {
+            return Err(StoreError::Config(format!(
+                "shard size {} is not a positive multiple of {DIRECT_IO_ALIGN}",
+                self.shard_bytes
+            )));
+        }
+        if self.shards_per_block == 0 || self.shards_per_block > 65_536 {
+            return Err(StoreError::Config(format!(
+                "{} shards per block is outside 1..=65536",
+                self.shards_per_block
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks that `shard` exists in this geometry.
+    pub fn check_shard(&self, shard: u32) -> Result<()> {
+        if shard < self.shards_per_block {
+            Ok(())
+        } else {
+            Err(StoreError::ShardOutOfRange {
+                shard,
+                shards: self.shards_per_block,
+            })
+        }
+    }
+
+    /// A one-line description, also written into the geometry marker.
+    pub fn describe(&self) -> String {
+        format!(
+            "shard_bytes={} shards_per_block={}",
+            self.shard_bytes, self.shards_per_block
+        )
+    }
+}
