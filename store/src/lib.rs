@@ -16,8 +16,10 @@
 pub mod disk;
 pub mod error;
 pub mod geometry;
+pub mod pool;
 
 pub use disk::{DiskConfig, DiskTier, GcReport};
 pub use error::{Result, StoreError};
 pub use geometry::{BlockId, Geometry};
+pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};
 pub use ucm_device as device;

@@ -1,0 +1,800 @@
+//! `ClockPool`: the memory tier. Fixed slots of one shard each, shareable
+//! by several rank processes through POSIX shared memory.
+//!
+//! **Addressing.** A `(block id, shard)` key hashes to a bucket of `ways`
+//! slots and lives in one of them (a set-associative, content-addressed
+//! pool: data never moves). `data_at(i) = data_offset + i * shard_bytes`.
+//!
+//! **Slot state.** One atomic control word per slot packs the state
+//! (EMPTY / LOADING / READY / FAILED) and the reference count, so a reader
+//! never sees the two half-updated; an error code sits beside it. A slot
+//! with references is never a victim; a FAILED slot is taken over once its
+//! references are gone.
+//!
+//! **Hits take no lock**: a CAS adds a reference to a READY slot, the key is
+//! re-checked under that reference, and the access bit is set. **Misses**
+//! take the bucket's claim lock (a word in shared memory; a dead holder's
+//! lock is stolen), look again, and claim a victim by **CLOCK** over the
+//! bucket: from the bucket's hand, a set access bit is cleared (second
+//! chance) and the first clear, unreferenced slot is taken. The claimant
+//! owns the load; others for the same key sleep on a **futex** over the
+//! slot's version word (recorded before sleeping, so no wake-up is lost),
+//! with a timeout: if the owner died they take the load over.
+//!
+//! Red line: the pool knows keys, slots and bytes; never what a block means.
+
+use std::fs;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use memmap2::MmapRaw;
+
+use crate::error::{Result, StoreError};
+use crate::geometry::BlockId;
+
+/// Slot states (top two bits of the control word).
+const EMPTY: u32 = 0;
+const LOADING: u32 = 1;
+const READY: u32 = 2;
+const FAILED: u32 = 3;
+const STATE_SHIFT: u32 = 30;
+const REFS: u32 = (1 << STATE_SHIFT) - 1;
+
+fn ctl(state: u32, refs: u32) -> u32 {
+    (state << STATE_SHIFT) | refs
+}
+fn state_of(c: u32) -> u32 {
+    c >> STATE_SHIFT
+}
+fn refs_of(c: u32) -> u32 {
+    c & REFS
+}
+
+const MAGIC: [u8; 8] = *b"UCMPOOL1";
+const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 4096;
+const BUCKET_BYTES: usize = 8;
+const META_BYTES: usize = 64;
+
+/// Per-slot metadata in the mapping (one cache line).
+#[repr(C, align(64))]
+struct SlotMeta {
+    ctl: AtomicU32,
+    version: AtomicU32,
+    access: AtomicU32,
+    err: AtomicI32,
+    owner: AtomicU32,
+    shard: AtomicU32,
+    key_lo: AtomicU64,
+    key_hi: AtomicU64,
+    claimed_ms: AtomicU64,
+}
+
+/// Per-bucket claim lock (holder pid, 0 when free) and CLOCK hand.
+#[repr(C)]
+struct Bucket {
+    lock: AtomicU32,
+    hand: AtomicU32,
+}
+
+#[repr(C)]
+struct Header {
+    magic: [u8; 8],
+    version: u32,
+    ready: AtomicU32,
+    shard_bytes: u64,
+    slots: u64,
+    ways: u64,
+    creator: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<SlotMeta>() == META_BYTES);
+const _: () = assert!(std::mem::size_of::<Bucket>() == BUCKET_BYTES);
+
+/// Where the pool lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolMode {
+    /// Private to this process (one rank).
+    Private,
+    /// In POSIX shared memory `/dev/shm/ucm-<uid>-<instance>`, shared by
+    /// every process that opens the same instance with the same geometry.
+    Shared {
+        /// The instance id (letters, digits, `-`, `_`).
+        instance: String,
+    },
+}
+
+/// How a pool is built.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Bytes per slot (one shard); a multiple of 4 KiB.
+    pub shard_bytes: usize,
+    /// Number of slots (capacity / shard size).
+    pub slots: usize,
+    /// Slots per bucket: a key can live in one of them. `slots` when the
+    /// whole pool is one CLOCK.
+    pub ways: usize,
+    /// Private or shared.
+    pub mode: PoolMode,
+    /// How long a waiter trusts a loading owner before checking that it is
+    /// alive and taking the load over.
+    pub load_timeout: Duration,
+}
+
+/// A `(block, shard)` key.
+pub type Key = (BlockId, u32);
+
+fn hash(key: &Key) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in key.0.iter().chain(key.1.to_le_bytes().iter()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ (h >> 29)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn my_pid() -> u32 {
+    std::process::id()
+}
+
+/// True when process `pid` exists and is not a zombie (a killed owner
+/// whose parent has not reaped it yet is dead for our purposes).
+fn alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // /proc/<pid>/stat: "pid (comm) S ..."; the state follows the last ')'.
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_none_or(|state| state != 'Z' && state != 'X'),
+        Err(_) => rc == 0,
+    }
+}
+
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 (in shared memory when shared:
+    // hence FUTEX_WAIT without the private flag); the kernel only reads it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: as in `futex_wait`; waking has no memory effects.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// The memory tier.
+pub struct ClockPool {
+    map: MmapRaw,
+    cfg: PoolConfig,
+    buckets: usize,
+    meta_off: usize,
+    data_off: usize,
+    path: Option<PathBuf>,
+}
+
+/// The outcome of [`ClockPool::acquire`].
+pub enum Acquire<'a> {
+    /// The shard is in the pool; it stays pinned while the guard lives.
+    Hit(SlotRef<'a>),
+    /// The caller owns the load: fill the slot, then `complete` (or `fail`).
+    Load(LoadGuard<'a>),
+    /// The load of this shard failed with this code (owner's report).
+    Failed(i32),
+}
+
+/// A pinned READY slot.
+pub struct SlotRef<'a> {
+    pool: &'a ClockPool,
+    slot: usize,
+}
+
+/// The owner's hold on a LOADING slot.
+pub struct LoadGuard<'a> {
+    pool: &'a ClockPool,
+    slot: usize,
+    done: bool,
+}
+
+impl ClockPool {
+    /// Creates the pool, or attaches to a shared one and validates it.
+    pub fn open(cfg: PoolConfig) -> Result<Self> {
+        if cfg.shard_bytes == 0 || cfg.shard_bytes % 4096 != 0 {
+            return Err(StoreError::Config(format!(
+                "pool slot size {} is not a positive multiple of 4096",
+                cfg.shard_bytes
+            )));
+        }
+        if cfg.slots == 0 || cfg.ways == 0 || cfg.slots % cfg.ways != 0 || cfg.slots > REFS as usize
+        {
+            return Err(StoreError::Config(format!(
+                "{} slots in buckets of {} ways: both positive, slots a multiple of ways",
+                cfg.slots, cfg.ways
+            )));
+        }
+        let buckets = cfg.slots / cfg.ways;
+        let meta_off = HEADER_BYTES + (buckets * BUCKET_BYTES).div_ceil(META_BYTES) * META_BYTES;
+        let data_off = (meta_off + cfg.slots * META_BYTES).div_ceil(4096) * 4096;
+        let total = data_off + cfg.slots * cfg.shard_bytes;
+        let (map, path, created) = match &cfg.mode {
+            PoolMode::Private => {
+                let map = MmapRaw::from(
+                    memmap2::MmapOptions::new()
+                        .len(total)
+                        .map_anon()
+                        .map_err(StoreError::fs("map anonymous pool", "<anonymous>"))?,
+                );
+                (map, None, true)
+            }
+            PoolMode::Shared { instance } => {
+                let (map, path, created) = Self::map_shared(instance, total)?;
+                (map, Some(path), created)
+            }
+        };
+        let pool = ClockPool {
+            map,
+            cfg,
+            buckets,
+            meta_off,
+            data_off,
+            path,
+        };
+        if created {
+            pool.init_header();
+        } else {
+            pool.validate_header()?;
+        }
+        Ok(pool)
+    }
+
+    fn map_shared(instance: &str, total: usize) -> Result<(MmapRaw, PathBuf, bool)> {
+        if instance.is_empty()
+            || !instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(StoreError::Config(format!(
+                "pool instance {instance:?}: use letters, digits, '-' and '_'"
+            )));
+        }
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let path = PathBuf::from(format!("/dev/shm/ucm-{uid}-{instance}"));
+        let created_file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path);
+        let (file, created) = match created_file {
+            Ok(f) => {
+                let free = shm_free_bytes();
+                if free.is_some_and(|free| free < total as u64) {
+                    let _ = fs::remove_file(&path);
+                    return Err(StoreError::Config(format!(
+                        "/dev/shm has {} MiB free, the pool needs {} MiB: enlarge /dev/shm \
+                         or shrink the pool",
+                        free.unwrap_or(0) >> 20,
+                        total >> 20
+                    )));
+                }
+                f.set_len(total as u64)
+                    .map_err(StoreError::fs("size shared pool", &path))?;
+                (f, true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let f = fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(StoreError::fs("open shared pool", &path))?;
+                // The creator sizes the file right after creating it.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    let len = f
+                        .metadata()
+                        .map_err(StoreError::fs("stat shared pool", &path))?
+                        .len();
+                    if len == total as u64 {
+                        break;
+                    }
+                    if len != 0 || Instant::now() > deadline {
+                        return Err(StoreError::Config(format!(
+                            "{} is {len} bytes, this pool needs {total}: another geometry \
+                             or a stale segment (remove it)",
+                            path.display()
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                (f, false)
+            }
+            Err(e) => return Err(StoreError::fs("create shared pool", &path)(e)),
+        };
+        let map = MmapRaw::map_raw(&file).map_err(StoreError::fs("map shared pool", &path))?;
+        Ok((map, path, created))
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping is at least HEADER_BYTES long, page-aligned,
+        // and lives as long as `self`; Header is plain data and atomics.
+        unsafe { &*(self.map.as_ptr() as *const Header) }
+    }
+
+    fn init_header(&self) {
+        // SAFETY: the creator is the only one touching the header until
+        // `ready` is published below; the mapping is writable.
+        unsafe {
+            let h = self.map.as_mut_ptr() as *mut Header;
+            (*h).magic = MAGIC;
+            (*h).version = VERSION;
+            (*h).shard_bytes = self.cfg.shard_bytes as u64;
+            (*h).slots = self.cfg.slots as u64;
+            (*h).ways = self.cfg.ways as u64;
+            (*h).creator = my_pid();
+        }
+        // Slots and buckets start zeroed (EMPTY, no refs, unlocked).
+        self.header().ready.store(1, Ordering::Release);
+    }
+
+    fn validate_header(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.header().ready.load(Ordering::Acquire) != 1 {
+            if Instant::now() > deadline {
+                return Err(StoreError::Config(
+                    "shared pool never finished initialising (stale segment?)".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let h = self.header();
+        let ok = h.magic == MAGIC
+            && h.version == VERSION
+            && h.shard_bytes == self.cfg.shard_bytes as u64
+            && h.slots == self.cfg.slots as u64
+            && h.ways == self.cfg.ways as u64;
+        if ok {
+            Ok(())
+        } else {
+            Err(StoreError::Config(format!(
+                "shared pool {:?} has another geometry (slot {} B x {} in ways of {}; \
+                 wanted {} B x {} in ways of {})",
+                self.path,
+                h.shard_bytes,
+                h.slots,
+                h.ways,
+                self.cfg.shard_bytes,
+                self.cfg.slots,
+                self.cfg.ways
+            )))
+        }
+    }
+
+    fn bucket(&self, b: usize) -> &Bucket {
+        // SAFETY: `b < buckets`; the bucket array lies inside the mapping
+        // right after the header, 8-byte aligned, zero-initialised.
+        unsafe { &*(self.map.as_ptr().add(HEADER_BYTES + b * BUCKET_BYTES) as *const Bucket) }
+    }
+
+    fn meta(&self, slot: usize) -> &SlotMeta {
+        // SAFETY: `slot < slots`; metadata lies inside the mapping at a
+        // 64-byte aligned offset, zero-initialised.
+        unsafe { &*(self.map.as_ptr().add(self.meta_off + slot * META_BYTES) as *const SlotMeta) }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.cfg.slots
+    }
+
+    /// Bytes per slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.cfg.shard_bytes
+    }
+
+    /// Offset of slot `slot`'s data from [`ClockPool::data_base`].
+    pub fn data_at(&self, slot: usize) -> usize {
+        slot * self.cfg.shard_bytes
+    }
+
+    /// Base address and length of the data area, to register with a
+    /// device (`Device::register_host`) so slots are DMA-able.
+    pub fn data_region(&self) -> (*mut u8, usize) {
+        // SAFETY: `data_off` lies inside the mapping.
+        let p = unsafe { self.map.as_mut_ptr().add(self.data_off) };
+        (p, self.cfg.slots * self.cfg.shard_bytes)
+    }
+
+    /// The shared-memory file, if shared.
+    pub fn shm_path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
+    }
+
+    fn key_matches(&self, m: &SlotMeta, key: &Key) -> bool {
+        m.key_lo.load(Ordering::Acquire)
+            == u64::from_le_bytes(key.0[..8].try_into().unwrap_or([0; 8]))
+            && m.key_hi.load(Ordering::Acquire)
+                == u64::from_le_bytes(key.0[8..].try_into().unwrap_or([0; 8]))
+            && m.shard.load(Ordering::Acquire) == key.1
+    }
+
+    fn ways_of(&self, key: &Key) -> (usize, std::ops::Range<usize>) {
+        let b = (hash(key) % self.buckets as u64) as usize;
+        (b, b * self.cfg.ways..(b + 1) * self.cfg.ways)
+    }
+
+    /// Pins `slot` if it is READY with `key`. Lock-free.
+    fn try_pin(&self, slot: usize, key: &Key) -> Option<SlotRef<'_>> {
+        let m = self.meta(slot);
+        let mut c = m.ctl.load(Ordering::Acquire);
+        loop {
+            if state_of(c) != READY || !self.key_matches(m, key) {
+                return None;
+            }
+            match m
+                .ctl
+                .compare_exchange_weak(c, c + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => c = now,
+            }
+        }
+        // Pinned: the key cannot change now. It may have changed before.
+        if !self.key_matches(m, key) {
+            self.unpin(slot);
+            return None;
+        }
+        m.access.store(1, Ordering::Relaxed);
+        Some(SlotRef { pool: self, slot })
+    }
+
+    fn unpin(&self, slot: usize) {
+        self.meta(slot).ctl.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// True when `key` is READY in the pool (no pin, no lock).
+    pub fn contains(&self, key: &Key) -> bool {
+        let (_, ways) = self.ways_of(key);
+        ways.into_iter().any(|s| {
+            let m = self.meta(s);
+            state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key)
+        })
+    }
+
+    /// A hotness pulse: sets the access bit of `key`'s slot. Never a pin.
+    pub fn touch(&self, key: &Key) {
+        let (_, ways) = self.ways_of(key);
+        for s in ways {
+            let m = self.meta(s);
+            if state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key) {
+                m.access.store(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn lock_bucket(&self, b: usize) {
+        let lock = &self.bucket(b).lock;
+        let me = my_pid();
+        let mut spins = 0u32;
+        loop {
+            match lock.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 1024 == 0 && !alive(holder) {
+                        // The holder died inside the (short) claim section.
+                        let _ =
+                            lock.compare_exchange(holder, 0, Ordering::AcqRel, Ordering::Relaxed);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    fn unlock_bucket(&self, b: usize) {
+        self.bucket(b).lock.store(0, Ordering::Release);
+    }
+
+    /// Pins `key` if present, else makes the caller the owner of its load;
+    /// a concurrent load of the same key is waited for (futex), and taken
+    /// over if its owner died. `Ok(None)` when every slot of the bucket is
+    /// pinned or loading (the caller treats it as a miss it cannot cache).
+    pub fn acquire(&self, key: Key) -> Result<Option<Acquire<'_>>> {
+        let (b, ways) = self.ways_of(&key);
+        loop {
+            // 1. Lock-free hit.
+            for s in ways.clone() {
+                if let Some(r) = self.try_pin(s, &key) {
+                    return Ok(Some(Acquire::Hit(r)));
+                }
+            }
+            // 2. Someone is loading it: wait.
+            if let Some(s) = ways.clone().find(|&s| {
+                let m = self.meta(s);
+                state_of(m.ctl.load(Ordering::Acquire)) == LOADING && self.key_matches(m, &key)
+            }) {
+                if let Some(outcome) = self.wait_for(s, &key)? {
+                    return Ok(Some(outcome));
+                }
+                continue;
+            }
+            // 3. Claim under the bucket lock.
+            self.lock_bucket(b);
+            let again = ways.clone().any(|s| {
+                let m = self.meta(s);
+                matches!(state_of(m.ctl.load(Ordering::Acquire)), READY | LOADING)
+                    && self.key_matches(m, &key)
+            });
+            if again {
+                self.unlock_bucket(b);
+                continue;
+            }
+            let victim = self.clock_victim(b);
+            let Some(slot) = victim else {
+                self.unlock_bucket(b);
+                return Ok(None);
+            };
+            let m = self.meta(slot);
+            m.key_lo.store(
+                u64::from_le_bytes(key.0[..8].try_into().unwrap_or([0; 8])),
+                Ordering::Release,
+            );
+            m.key_hi.store(
+                u64::from_le_bytes(key.0[8..].try_into().unwrap_or([0; 8])),
+                Ordering::Release,
+            );
+            m.shard.store(key.1, Ordering::Release);
+            m.owner.store(my_pid(), Ordering::Release);
+            m.claimed_ms.store(now_ms(), Ordering::Release);
+            m.err.store(0, Ordering::Release);
+            m.version.fetch_add(1, Ordering::AcqRel);
+            self.unlock_bucket(b);
+            return Ok(Some(Acquire::Load(LoadGuard {
+                pool: self,
+                slot,
+                done: false,
+            })));
+        }
+    }
+
+    /// CLOCK over bucket `b`: clears set access bits (second chance) and
+    /// claims the first clear, unreferenced, non-loading slot, moving it to
+    /// LOADING with one reference. Called under the bucket lock.
+    fn clock_victim(&self, b: usize) -> Option<usize> {
+        let ways = self.cfg.ways;
+        let base = b * ways;
+        let hand = &self.bucket(b).hand;
+        for _ in 0..2 * ways + 1 {
+            let i = hand.fetch_add(1, Ordering::Relaxed) as usize % ways;
+            let m = self.meta(base + i);
+            let c = m.ctl.load(Ordering::Acquire);
+            if refs_of(c) != 0 || state_of(c) == LOADING {
+                continue;
+            }
+            if state_of(c) == READY && m.access.swap(0, Ordering::AcqRel) != 0 {
+                continue; // second chance
+            }
+            if m.ctl
+                .compare_exchange(c, ctl(LOADING, 1), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                m.access.store(0, Ordering::Relaxed);
+                return Some(base + i);
+            }
+        }
+        None
+    }
+
+    /// Waits for the load of `key` in `slot`. `Ok(None)`: look again.
+    fn wait_for(&self, slot: usize, key: &Key) -> Result<Option<Acquire<'_>>> {
+        let m = self.meta(slot);
+        let start = Instant::now();
+        loop {
+            // Record the version before checking, so a wake-up between the
+            // check and the sleep is not lost.
+            let v = m.version.load(Ordering::Acquire);
+            let c = m.ctl.load(Ordering::Acquire);
+            if !self.key_matches(m, key) {
+                return Ok(None);
+            }
+            match state_of(c) {
+                READY => return Ok(None), // the hit path pins it
+                FAILED => return Ok(Some(Acquire::Failed(m.err.load(Ordering::Acquire)))),
+                LOADING => {}
+                EMPTY => return Ok(None),
+                _ => return Ok(None),
+            }
+            let owner = m.owner.load(Ordering::Acquire);
+            if start.elapsed() >= self.cfg.load_timeout && !alive(owner) {
+                // Take the load over: one waiter wins the owner word; the
+                // dead owner's reference becomes ours.
+                if m.owner
+                    .compare_exchange(owner, my_pid(), Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    log::warn!("pool slot {slot}: owner {owner} died mid-load; taking over");
+                    m.claimed_ms.store(now_ms(), Ordering::Release);
+                    return Ok(Some(Acquire::Load(LoadGuard {
+                        pool: self,
+                        slot,
+                        done: false,
+                    })));
+                }
+                continue;
+            }
+            futex_wait(
+                &m.version,
+                v,
+                Duration::from_millis(50).min(self.cfg.load_timeout),
+            );
+        }
+    }
+
+    /// Ends a load: LOADING -> `state`, dropping the owner's reference
+    /// unless `keep_ref`, then wakes every waiter.
+    fn publish(&self, slot: usize, state: u32, err: i32, keep_ref: bool) {
+        let m = self.meta(slot);
+        m.err.store(err, Ordering::Release);
+        let mut c = m.ctl.load(Ordering::Acquire);
+        loop {
+            let refs = if keep_ref {
+                refs_of(c)
+            } else {
+                refs_of(c).saturating_sub(1)
+            };
+            let next = ctl(state, refs);
+            match m
+                .ctl
+                .compare_exchange_weak(c, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => c = now,
+            }
+        }
+        if state == READY {
+            m.access.store(1, Ordering::Relaxed);
+        }
+        m.version.fetch_add(1, Ordering::AcqRel);
+        futex_wake_all(&m.version);
+    }
+
+    /// Removes this pool's shared-memory file (the mapping stays valid for
+    /// processes that have it). For tests and for cleaning stale segments.
+    pub fn unlink(&self) -> Result<()> {
+        match &self.path {
+            Some(p) => fs::remove_file(p).map_err(StoreError::fs("unlink shared pool", p)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn shm_free_bytes() -> Option<u64> {
+    // SAFETY: statvfs writes into the zeroed struct; the path is a valid C string.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c"/dev/shm".as_ptr(), &mut st) == 0 {
+            Some(st.f_bavail as u64 * st.f_frsize as u64)
+        } else {
+            None
+        }
+    }
+}
+
+impl SlotRef<'_> {
+    /// The slot index.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The slot's bytes.
+    pub fn data(&self) -> &[u8] {
+        let (base, _) = self.pool.data_region();
+        // SAFETY: the slot is pinned READY: nobody writes it until the pin
+        // goes; the range lies in the data area.
+        unsafe {
+            std::slice::from_raw_parts(
+                base.add(self.pool.data_at(self.slot)),
+                self.pool.cfg.shard_bytes,
+            )
+        }
+    }
+}
+
+impl Drop for SlotRef<'_> {
+    fn drop(&mut self) {
+        self.pool.unpin(self.slot);
+    }
+}
+
+impl<'a> LoadGuard<'a> {
+    /// The slot index.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The slot's bytes, to fill.
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let (base, _) = self.pool.data_region();
+        // SAFETY: the owner of a LOADING slot is its only writer; readers
+        // wait for READY.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                base.add(self.pool.data_at(self.slot)),
+                self.pool.cfg.shard_bytes,
+            )
+        }
+    }
+
+    /// Publishes the slot as READY, wakes the waiters, and keeps the
+    /// owner's reference as a pin.
+    pub fn complete(mut self) -> SlotRef<'a> {
+        self.done = true;
+        self.pool.publish(self.slot, READY, 0, true);
+        SlotRef {
+            pool: self.pool,
+            slot: self.slot,
+        }
+    }
+
+    /// Publishes the load as FAILED with `code` and wakes the waiters.
+    pub fn fail(mut self, code: i32) {
+        self.done = true;
+        self.pool.publish(self.slot, FAILED, code, false);
+    }
+}
+
+impl Drop for LoadGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            // Abandoned (error path or unwinding): never leave waiters hanging.
+            self.pool.publish(self.slot, FAILED, libc::ECANCELED, false);
+        }
+    }
+}
+
+/// The order in which rank `device_id` of `ranks` visits `n` items: start
+/// at `device_id % ranks`, stride `ranks`, then the next residue, so ranks
+/// sharing a pool do not all contend for the same slot at once. Rotation
+/// changes order, never ownership.
+pub fn rank_order(device_id: usize, ranks: usize, n: usize) -> Vec<usize> {
+    let ranks = ranks.max(1);
+    let start = device_id % ranks;
+    (0..ranks)
+        .flat_map(|r| ((start + r) % ranks..n).step_by(ranks))
+        .collect()
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics and
+// pinned/owned slots (see the module docs); the raw pointer is stable.
+unsafe impl Send for ClockPool {}
+// SAFETY: as above.
+unsafe impl Sync for ClockPool {}
