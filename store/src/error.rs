@@ -34,6 +34,9 @@ pub enum StoreError {
         /// What this instance was built with.
         expected: String,
     },
+    /// The task queue is full: back off and resubmit. Nothing was dropped.
+    #[error("the store's task queue is full; the task was not accepted")]
+    QueueFull,
     /// A request names a shard outside the geometry.
     #[error("shard {shard} out of range: the geometry has {shards} shards per block")]
     ShardOutOfRange {

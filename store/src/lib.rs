@@ -13,11 +13,15 @@
 
 #![deny(missing_docs)]
 
+pub mod block;
 pub mod disk;
 pub mod error;
 pub mod geometry;
 pub mod pool;
 
+pub use block::{
+    BlockStore, BlockStoreConfig, Durability, ItemOutcome, TaskHandle, TaskItem, TieredBlockStore,
+};
 pub use disk::{DiskConfig, DiskTier, GcReport};
 pub use error::{Result, StoreError};
 pub use geometry::{BlockId, Geometry};

@@ -70,6 +70,9 @@ struct SlotMeta {
     key_lo: AtomicU64,
     key_hi: AtomicU64,
     claimed_ms: AtomicU64,
+    /// Dumped but not yet on disk: CLOCK passes it over until it is clean
+    /// or older than the dirty timeout.
+    dirty: AtomicU32,
 }
 
 /// Per-bucket claim lock (holder pid, 0 when free) and CLOCK hand.
@@ -121,6 +124,9 @@ pub struct PoolConfig {
     /// How long a waiter trusts a loading owner before checking that it is
     /// alive and taking the load over.
     pub load_timeout: Duration,
+    /// How long a dirty slot (dumped, not yet on disk) is protected from
+    /// eviction while the rest of its block is awaited.
+    pub dirty_timeout: Duration,
 }
 
 /// A `(block, shard)` key.
@@ -600,6 +606,12 @@ impl ClockPool {
             if refs_of(c) != 0 || state_of(c) == LOADING {
                 continue;
             }
+            if m.dirty.load(Ordering::Acquire) != 0
+                && now_ms().saturating_sub(m.claimed_ms.load(Ordering::Acquire))
+                    < self.cfg.dirty_timeout.as_millis() as u64
+            {
+                continue; // not on disk yet
+            }
             if state_of(c) == READY && m.access.swap(0, Ordering::AcqRel) != 0 {
                 continue; // second chance
             }
@@ -713,6 +725,15 @@ impl SlotRef<'_> {
     /// The slot index.
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// Marks the slot dumped-but-not-on-disk (`true`) or clean (`false`).
+    pub fn set_dirty(&self, dirty: bool) {
+        let m = self.pool.meta(self.slot);
+        if dirty {
+            m.claimed_ms.store(now_ms(), Ordering::Release);
+        }
+        m.dirty.store(u32::from(dirty), Ordering::Release);
     }
 
     /// The slot's bytes.

@@ -22,6 +22,7 @@ fn private(slots: usize, ways: usize) -> ClockPool {
         ways,
         mode: PoolMode::Private,
         load_timeout: Duration::from_millis(200),
+        dirty_timeout: Duration::from_secs(60),
     })
     .unwrap()
 }
@@ -167,6 +168,7 @@ fn bad_configs_are_refused() {
         ways,
         mode: PoolMode::Private,
         load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
     };
     assert!(ClockPool::open(cfg(1000, 4, 4)).is_err());
     assert!(ClockPool::open(cfg(4096, 6, 4)).is_err());
@@ -189,6 +191,7 @@ fn shared(instance: &str, timeout: Duration) -> ClockPool {
             instance: instance.to_string(),
         },
         load_timeout: timeout,
+        dirty_timeout: Duration::from_secs(60),
     })
     .unwrap()
 }
@@ -234,6 +237,7 @@ fn a_shared_pool_is_attached_and_validated() {
         ways: 8,
         mode: PoolMode::Shared { instance: name },
         load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
     });
     assert!(other.is_err());
     a.unlink().unwrap();
@@ -339,4 +343,31 @@ fn waiters_recover_when_the_owner_is_killed_mid_load() {
         "exactly one waiter took the load over: {results:?}"
     );
     assert!(took < Duration::from_secs(10), "recovered in {took:?}");
+}
+
+#[test]
+fn a_dirty_slot_is_passed_over_until_clean_or_timed_out() {
+    let make = |dirty_timeout| {
+        ClockPool::open(PoolConfig {
+            shard_bytes: SLOT,
+            slots: 2,
+            ways: 2,
+            mode: PoolMode::Private,
+            load_timeout: Duration::from_secs(1),
+            dirty_timeout,
+        })
+        .unwrap()
+    };
+    for (timeout, a_survives) in [(Duration::from_secs(60), true), (Duration::ZERO, false)] {
+        let pool = make(timeout);
+        match pool.acquire(key(1)).unwrap().unwrap() {
+            Acquire::Load(g) => g.complete().set_dirty(true),
+            _ => panic!(),
+        }
+        fill(&pool, key(2), 2);
+        // The hand is at slot 0 (key 1), both access bits set: a clean
+        // CLOCK would take key 1 after the second chances.
+        fill(&pool, key(3), 3);
+        assert_eq!(pool.contains(&key(1)), a_survives, "timeout {timeout:?}");
+    }
 }

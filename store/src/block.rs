@@ -1,0 +1,659 @@
+//! The BlockStore: content-addressed, prefix-chained K/V blocks over the
+//! memory tier ([`ClockPool`]) and the disk tier ([`DiskTier`]), generic over
+//! the HAL's [`Device`].
+//!
+//! - **Load**: a pool hit is copied to the device; on a miss the owner reads
+//!   the block's shards from disk into the pool (others wait for it) and then
+//!   copies. Items that miss everywhere or fail are reported per item; the
+//!   engine recomputes them.
+//! - **Dump**: the D2H copy into a pool slot waits device-side for the
+//!   task's prerequisite event; `wait` returns once the data is in the pool.
+//!   A block whose shards are all in the pool is written behind to disk;
+//!   `wait_durable` returns once that write is done or failed. A failed write
+//!   is retried a bounded number of times, counted, and kept in
+//!   [`BlockStore::failures`].
+//! - A full queue returns [`StoreError::QueueFull`]: a task is never dropped.
+//!
+//! Geometry is configuration: tasks carry block ids, shards and device
+//! addresses, never sizes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use ucm_device::{CopyRun, Device, IoBuf, Memory};
+
+use crate::disk::DiskTier;
+use crate::error::{Result, StoreError};
+use crate::geometry::{BlockId, Geometry};
+use crate::pool::{rank_order, Acquire, ClockPool, SlotRef};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One item of a load or dump task: which shard of which block, and where
+/// on the device it lives (a region and an offset; the size is the
+/// geometry's shard size).
+#[derive(Clone, Debug)]
+pub struct TaskItem {
+    /// The block.
+    pub block: BlockId,
+    /// The shard (access-unit index).
+    pub shard: u32,
+    /// The device region.
+    pub memory: Memory,
+    /// Offset of the shard in `memory`.
+    pub offset: usize,
+}
+
+/// Outcome of one item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ItemOutcome {
+    /// Done.
+    Ok,
+    /// Not found in any tier: a miss (load only).
+    Miss,
+    /// Failed; the text says why.
+    Failed(String),
+}
+
+/// Durability of one block of a dump task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk.
+    Durable,
+    /// Not all shards of the block have been dumped yet.
+    Incomplete,
+    /// The disk write failed after its retries.
+    Failed(String),
+}
+
+#[derive(Default)]
+struct TaskState {
+    /// Shards whose copies completed, with their items' outcomes.
+    shards_done: HashMap<u32, Vec<(BlockId, ItemOutcome)>>,
+    done: bool,
+    durable: Option<Vec<(BlockId, Durability)>>,
+}
+
+struct TaskShared {
+    state: Mutex<TaskState>,
+    cv: Condvar,
+}
+
+impl TaskShared {
+    fn update(&self, f: impl FnOnce(&mut TaskState)) {
+        f(&mut lock(&self.state));
+        self.cv.notify_all();
+    }
+
+    fn wait_until<T>(&self, mut f: impl FnMut(&TaskState) -> Option<T>) -> T {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(v) = f(&st) {
+                return v;
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A submitted task.
+#[derive(Clone)]
+pub struct TaskHandle {
+    shared: Arc<TaskShared>,
+    shards: Vec<u32>,
+}
+
+impl TaskHandle {
+    /// Non-blocking: true once every item has completed (in the pool, for a
+    /// dump).
+    pub fn check(&self) -> bool {
+        lock(&self.shared.state).done
+    }
+
+    /// Waits for every item; returns each item's outcome (by shard, then
+    /// submission order within the shard).
+    pub fn wait(&self) -> Vec<(BlockId, u32, ItemOutcome)> {
+        self.shared.wait_until(|st| {
+            st.done.then(|| {
+                let mut out = Vec::new();
+                for s in &self.shards {
+                    if let Some(items) = st.shards_done.get(s) {
+                        out.extend(items.iter().map(|(b, o)| (*b, *s, o.clone())));
+                    }
+                }
+                out
+            })
+        })
+    }
+
+    /// Waits for the items of one shard only (a layer is ready as soon as
+    /// its shards are).
+    pub fn wait_shard(&self, shard: u32) -> Vec<(BlockId, ItemOutcome)> {
+        self.shared.wait_until(|st| {
+            st.shards_done
+                .get(&shard)
+                .cloned()
+                .or_else(|| st.done.then(Vec::new))
+        })
+    }
+
+    /// Dump tasks: waits until every block of the task is durable, failed,
+    /// or incomplete (its other shards not dumped yet).
+    pub fn wait_durable(&self) -> Vec<(BlockId, Durability)> {
+        self.shared.wait_until(|st| st.durable.clone())
+    }
+}
+
+/// A recent dump failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpFailure {
+    /// The block.
+    pub block: BlockId,
+    /// What failed.
+    pub error: String,
+}
+
+/// Counters.
+#[derive(Debug, Default)]
+pub struct BlockStoreStats {
+    /// Shards loaded from the pool.
+    pub pool_hits: AtomicU64,
+    /// Shards read from disk.
+    pub disk_reads: AtomicU64,
+    /// Load items that missed.
+    pub misses: AtomicU64,
+    /// Items that failed.
+    pub failed_items: AtomicU64,
+    /// Blocks written to disk.
+    pub blocks_written: AtomicU64,
+    /// Disk writes retried.
+    pub write_retries: AtomicU64,
+    /// Blocks whose disk write failed for good.
+    pub write_failures: AtomicU64,
+}
+
+/// How a tiered BlockStore is built.
+#[derive(Clone, Debug)]
+pub struct BlockStoreConfig {
+    /// Tasks that may wait in the queue before `QueueFull`.
+    pub queue_depth: usize,
+    /// Worker threads (one device stream each).
+    pub workers: usize,
+    /// Disk-write attempts per block before it is a failure.
+    pub write_attempts: u32,
+    /// This rank's device id and the number of ranks sharing the pool
+    /// (rank rotation of shard order).
+    pub device_id: usize,
+    /// Ranks sharing the pool.
+    pub ranks: usize,
+}
+
+impl Default for BlockStoreConfig {
+    fn default() -> Self {
+        BlockStoreConfig {
+            queue_depth: 1024,
+            workers: 2,
+            write_attempts: 3,
+            device_id: 0,
+            ranks: 1,
+        }
+    }
+}
+
+/// The BlockStore interface (tiered implementation: [`TieredBlockStore`]).
+pub trait BlockStore<D: Device> {
+    /// Presence of each block (pool with all shards, or disk).
+    fn lookup(&self, ids: &[BlockId]) -> Vec<bool>;
+    /// Number of leading blocks present.
+    fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize;
+    /// Starts loading `items` to the device.
+    fn load(&self, items: Vec<TaskItem>) -> Result<TaskHandle>;
+    /// Starts dumping `items` from the device, after `after` completes
+    /// (device-side wait).
+    fn dump(&self, items: Vec<TaskItem>, after: Option<Arc<D::Event>>) -> Result<TaskHandle>;
+    /// A hotness pulse on these blocks (pool access bits, disk mtimes).
+    fn touch(&self, ids: &[BlockId]);
+    /// Recent dump failures.
+    fn failures(&self) -> Vec<DumpFailure>;
+}
+
+enum Job<D: Device> {
+    Load(Vec<TaskItem>, Arc<TaskShared>),
+    Dump(Vec<TaskItem>, Option<Arc<D::Event>>, Arc<TaskShared>),
+}
+
+struct Inner<D: Device> {
+    dev: Arc<D>,
+    // Declared before `pool`: the registration ends before the mapping goes.
+    pool_mem: Memory,
+    pool: ClockPool,
+    disk: DiskTier,
+    geo: Geometry,
+    cfg: BlockStoreConfig,
+    stats: BlockStoreStats,
+    failures: Mutex<VecDeque<DumpFailure>>,
+}
+
+/// The tiered BlockStore.
+pub struct TieredBlockStore<D: Device> {
+    inner: Arc<Inner<D>>,
+    tx: Option<Sender<Job<D>>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl<D: Device> TieredBlockStore<D> {
+    /// Builds the store over `pool` and `disk` (same shard size), on `dev`.
+    pub fn new(
+        dev: Arc<D>,
+        pool: ClockPool,
+        disk: DiskTier,
+        cfg: BlockStoreConfig,
+    ) -> Result<Self> {
+        let geo = disk.geometry();
+        if pool.slot_bytes() != geo.shard_bytes {
+            return Err(StoreError::Config(format!(
+                "pool slots of {} bytes do not hold shards of {} bytes",
+                pool.slot_bytes(),
+                geo.shard_bytes
+            )));
+        }
+        if cfg.workers == 0 || cfg.queue_depth == 0 || cfg.write_attempts == 0 {
+            return Err(StoreError::Config(
+                "workers, queue depth and write attempts must be positive".into(),
+            ));
+        }
+        let (base, len) = pool.data_region();
+        // SAFETY: the pool's data area is mapped for the pool's lifetime, and
+        // `Inner` drops `pool_mem` (ending the registration) before `pool`.
+        let pool_mem = unsafe { dev.register_host(base, len) }?;
+        let inner = Arc::new(Inner {
+            dev,
+            pool_mem,
+            pool,
+            disk,
+            geo,
+            cfg: cfg.clone(),
+            stats: BlockStoreStats::default(),
+            failures: Mutex::new(VecDeque::new()),
+        });
+        let (tx, rx) = bounded::<Job<D>>(cfg.queue_depth);
+        let mut workers = Vec::new();
+        for i in 0..cfg.workers {
+            let inner = Arc::clone(&inner);
+            let rx: Receiver<Job<D>> = rx.clone();
+            let stream = inner.dev.create_stream()?;
+            workers.push(
+                std::thread::Builder::new()
+                    .name(format!("ucm-store-{i}"))
+                    .spawn(move || {
+                        for job in rx {
+                            match job {
+                                Job::Load(items, t) => inner.run_load(&stream, items, &t),
+                                Job::Dump(items, after, t) => {
+                                    inner.run_dump(&stream, items, after.as_deref(), &t)
+                                }
+                            }
+                        }
+                    })
+                    .map_err(StoreError::fs("spawn store worker", "<thread>"))?,
+            );
+        }
+        Ok(TieredBlockStore {
+            inner,
+            tx: Some(tx),
+            workers,
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &BlockStoreStats {
+        &self.inner.stats
+    }
+
+    /// The disk tier.
+    pub fn disk(&self) -> &DiskTier {
+        &self.inner.disk
+    }
+
+    /// The memory tier.
+    pub fn pool(&self) -> &ClockPool {
+        &self.inner.pool
+    }
+
+    fn submit(
+        &self,
+        items: &[TaskItem],
+        make: impl FnOnce(Arc<TaskShared>) -> Job<D>,
+    ) -> Result<TaskHandle> {
+        for it in items {
+            self.inner.geo.check_shard(it.shard)?;
+            let end = it.offset.checked_add(self.inner.geo.shard_bytes);
+            if end.is_none_or(|e| e > it.memory.len()) {
+                return Err(StoreError::Config(format!(
+                    "device region of {} bytes cannot hold a shard at offset {}",
+                    it.memory.len(),
+                    it.offset
+                )));
+            }
+        }
+        let mut shards: Vec<u32> = items.iter().map(|i| i.shard).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let shared = Arc::new(TaskShared {
+            state: Mutex::new(TaskState::default()),
+            cv: Condvar::new(),
+        });
+        let tx = self.tx.as_ref().ok_or(StoreError::QueueFull)?;
+        match tx.try_send(make(Arc::clone(&shared))) {
+            Ok(()) => Ok(TaskHandle { shared, shards }),
+            Err(TrySendError::Full(_)) => Err(StoreError::QueueFull),
+            Err(TrySendError::Disconnected(_)) => Err(StoreError::QueueFull),
+        }
+    }
+}
+
+impl<D: Device> Drop for TieredBlockStore<D> {
+    fn drop(&mut self) {
+        self.tx = None;
+        for w in self.workers.drain(..) {
+            // Workers finish the queued tasks first; a panicked one is ignored.
+            let _ = w.join();
+        }
+    }
+}
+
+impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
+    fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
+        ids.iter().map(|id| self.inner.present(id)).collect()
+    }
+
+    fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize {
+        ids.iter().take_while(|id| self.inner.present(id)).count()
+    }
+
+    fn load(&self, items: Vec<TaskItem>) -> Result<TaskHandle> {
+        let clone = items.clone();
+        self.submit(&clone, move |t| Job::Load(items, t))
+    }
+
+    fn dump(&self, items: Vec<TaskItem>, after: Option<Arc<D::Event>>) -> Result<TaskHandle> {
+        let clone = items.clone();
+        self.submit(&clone, move |t| Job::Dump(items, after, t))
+    }
+
+    fn touch(&self, ids: &[BlockId]) {
+        for id in ids {
+            for s in 0..self.inner.geo.shards_per_block {
+                self.inner.pool.touch(&(*id, s));
+            }
+        }
+        self.inner.disk.touch(ids);
+    }
+
+    fn failures(&self) -> Vec<DumpFailure> {
+        lock(&self.inner.failures).iter().cloned().collect()
+    }
+}
+
+impl<D: Device> Inner<D> {
+    fn present(&self, id: &BlockId) -> bool {
+        (0..self.geo.shards_per_block).all(|s| self.pool.contains(&(*id, s)))
+            || self.disk.exists(id)
+    }
+
+    fn fail_item(&self, why: impl Into<String>) -> ItemOutcome {
+        self.stats.failed_items.fetch_add(1, Ordering::Relaxed);
+        ItemOutcome::Failed(why.into())
+    }
+
+    /// Items ordered by shard, shards in this rank's rotation.
+    fn by_shard(&self, items: Vec<TaskItem>) -> Vec<(u32, Vec<TaskItem>)> {
+        let mut groups: HashMap<u32, Vec<TaskItem>> = HashMap::new();
+        for it in items {
+            groups.entry(it.shard).or_default().push(it);
+        }
+        rank_order(
+            self.cfg.device_id,
+            self.cfg.ranks,
+            self.geo.shards_per_block as usize,
+        )
+        .into_iter()
+        .filter_map(|s| groups.remove(&(s as u32)).map(|v| (s as u32, v)))
+        .collect()
+    }
+
+    fn run_load(&self, stream: &D::Stream, items: Vec<TaskItem>, t: &TaskShared) {
+        let shard_bytes = self.geo.shard_bytes;
+        for (shard, group) in self.by_shard(items) {
+            let mut pins: Vec<SlotRef<'_>> = Vec::new();
+            let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
+            let mut runs: Vec<(usize, usize)> = Vec::new(); // (item index, slot)
+            for (i, it) in group.iter().enumerate() {
+                let key = (it.block, shard);
+                let outcome = match self.pool.acquire(key) {
+                    Ok(Some(Acquire::Hit(r))) => {
+                        self.stats.pool_hits.fetch_add(1, Ordering::Relaxed);
+                        runs.push((i, r.slot()));
+                        pins.push(r);
+                        ItemOutcome::Ok
+                    }
+                    Ok(Some(Acquire::Load(mut g))) => {
+                        match self.disk.read_shards(&it.block, &[shard]) {
+                            Ok(Some(bufs)) => {
+                                self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
+                                g.data_mut().copy_from_slice(bufs[0].as_slice());
+                                let r = g.complete();
+                                runs.push((i, r.slot()));
+                                pins.push(r);
+                                ItemOutcome::Ok
+                            }
+                            Ok(None) => {
+                                g.fail(libc::ENOENT);
+                                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                                ItemOutcome::Miss
+                            }
+                            Err(e) => {
+                                g.fail(libc::EIO);
+                                self.fail_item(format!("disk read: {e}"))
+                            }
+                        }
+                    }
+                    Ok(Some(Acquire::Failed(code))) => {
+                        if code == libc::ENOENT {
+                            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                            ItemOutcome::Miss
+                        } else {
+                            self.fail_item(format!("load by another rank failed (errno {code})"))
+                        }
+                    }
+                    Ok(None) => self.fail_item("pool bucket full of pinned slots"),
+                    Err(e) => self.fail_item(e.to_string()),
+                };
+                outcomes.push((it.block, outcome));
+            }
+            let copy: Vec<CopyRun<'_>> = runs
+                .iter()
+                .map(|&(i, slot)| {
+                    CopyRun::new(
+                        &group[i].memory,
+                        group[i].offset,
+                        &self.pool_mem,
+                        self.pool.data_at(slot),
+                        shard_bytes,
+                    )
+                })
+                .collect();
+            let copied = self
+                .dev
+                .copy_batch_async(stream, &copy)
+                .and_then(|_| self.dev.synchronize_stream(stream));
+            drop(pins);
+            if let Err(e) = copied {
+                for &(i, _) in &runs {
+                    outcomes[i].1 = self.fail_item(format!("H2D copy: {e}"));
+                }
+            }
+            t.update(|st| {
+                st.shards_done.insert(shard, outcomes);
+            });
+        }
+        t.update(|st| st.done = true);
+    }
+
+    fn run_dump(
+        &self,
+        stream: &D::Stream,
+        items: Vec<TaskItem>,
+        after: Option<&D::Event>,
+        t: &TaskShared,
+    ) {
+        let shard_bytes = self.geo.shard_bytes;
+        if let Some(ev) = after {
+            if let Err(e) = self.dev.stream_wait_event(stream, ev) {
+                let why = format!("waiting for the prerequisite event: {e}");
+                let blocks: Vec<BlockId> = items.iter().map(|i| i.block).collect();
+                t.update(|st| {
+                    for it in &items {
+                        st.shards_done
+                            .entry(it.shard)
+                            .or_default()
+                            .push((it.block, ItemOutcome::Failed(why.clone())));
+                    }
+                    st.done = true;
+                    st.durable = Some(
+                        blocks
+                            .iter()
+                            .map(|b| (*b, Durability::Failed(why.clone())))
+                            .collect(),
+                    );
+                });
+                return;
+            }
+        }
+        let mut blocks: Vec<BlockId> = Vec::new();
+        // Dumped shards stay pinned until the task's write-behind is done,
+        // and dirty after that until their block is on disk.
+        let mut dumped: Vec<SlotRef<'_>> = Vec::new();
+        for (shard, group) in self.by_shard(items) {
+            let mut guards = Vec::new();
+            let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
+            for it in &group {
+                if !blocks.contains(&it.block) {
+                    blocks.push(it.block);
+                }
+                let key = (it.block, shard);
+                let mut outcome = None;
+                for _attempt in 0..2 {
+                    match self.pool.acquire(key) {
+                        // Already in the pool (another rank wrote it): dedup.
+                        Ok(Some(Acquire::Hit(_))) => outcome = Some(ItemOutcome::Ok),
+                        Ok(Some(Acquire::Load(g))) => {
+                            guards.push((outcomes.len(), g));
+                            outcome = Some(ItemOutcome::Ok);
+                        }
+                        // A failed load of this key: claim afresh.
+                        Ok(Some(Acquire::Failed(_))) => continue,
+                        Ok(None) => {
+                            outcome = Some(self.fail_item("pool bucket full of pinned slots"))
+                        }
+                        Err(e) => outcome = Some(self.fail_item(e.to_string())),
+                    }
+                    break;
+                }
+                outcomes.push((
+                    it.block,
+                    outcome.unwrap_or_else(|| self.fail_item("slot kept failing")),
+                ));
+            }
+            let copy: Vec<CopyRun<'_>> = guards
+                .iter()
+                .map(|(i, g)| {
+                    let it = &group[*i];
+                    CopyRun::new(
+                        &self.pool_mem,
+                        self.pool.data_at(g.slot()),
+                        &it.memory,
+                        it.offset,
+                        shard_bytes,
+                    )
+                })
+                .collect();
+            let copied = self
+                .dev
+                .copy_batch_async(stream, &copy)
+                .and_then(|_| self.dev.synchronize_stream(stream));
+            for (i, g) in guards {
+                match &copied {
+                    Ok(()) => {
+                        let r = g.complete();
+                        r.set_dirty(true);
+                        dumped.push(r);
+                    }
+                    Err(e) => {
+                        g.fail(libc::EIO);
+                        outcomes[i].1 = self.fail_item(format!("D2H copy: {e}"));
+                    }
+                }
+            }
+            t.update(|st| {
+                st.shards_done.insert(shard, outcomes);
+            });
+        }
+        t.update(|st| st.done = true);
+        // Write-behind: every block whose shards are all in the pool.
+        let durable: Vec<(BlockId, Durability)> = blocks
+            .into_iter()
+            .map(|b| (b, self.write_behind(&b)))
+            .collect();
+        drop(dumped);
+        t.update(|st| st.durable = Some(durable));
+    }
+
+    /// Writes block `b` to disk if all its shards are in the pool.
+    fn write_behind(&self, b: &BlockId) -> Durability {
+        let mut pins = Vec::new();
+        for s in 0..self.geo.shards_per_block {
+            match self.pool.acquire((*b, s)) {
+                Ok(Some(Acquire::Hit(r))) => pins.push(r),
+                Ok(Some(Acquire::Load(g))) => {
+                    // Not dumped (or evicted): this block is incomplete.
+                    g.fail(libc::ENOENT);
+                    return Durability::Incomplete;
+                }
+                _ => return Durability::Incomplete,
+            }
+        }
+        let mut last = String::new();
+        for attempt in 0..self.cfg.write_attempts {
+            if attempt > 0 {
+                self.stats.write_retries.fetch_add(1, Ordering::Relaxed);
+            }
+            let bufs: Vec<IoBuf> = pins.iter().map(|r| IoBuf::from_slice(r.data())).collect();
+            match self.disk.write_block(b, bufs) {
+                Ok(_) => {
+                    self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
+                    pins.iter().for_each(|r| r.set_dirty(false));
+                    return Durability::Durable;
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+        // Given up: the shards stay servable from the pool but may be evicted.
+        pins.iter().for_each(|r| r.set_dirty(false));
+        let mut f = lock(&self.failures);
+        if f.len() >= 1024 {
+            f.pop_front();
+        }
+        f.push_back(DumpFailure {
+            block: *b,
+            error: last.clone(),
+        });
+        Durability::Failed(last)
+    }
+}

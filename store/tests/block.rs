@@ -1,0 +1,392 @@
+//! The tiered BlockStore on the host device: round trips, lookups, the
+//! 512 x 32 durability case read back with the pool bypassed, incomplete
+//! blocks, the prerequisite event, per-shard waits, a full queue, and
+//! injected faults with their expected outcomes.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ucm_device::conformance::pattern;
+use ucm_device::io::faults::{self, FaultOp, FaultRule};
+use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
+use ucm_store::pool::PoolMode;
+use ucm_store::{
+    BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry,
+    ItemOutcome, PoolConfig, StoreError, TaskItem, TieredBlockStore,
+};
+
+const GEO: Geometry = Geometry {
+    shard_bytes: 4096,
+    shards_per_block: 4,
+};
+
+fn id(n: u64) -> BlockId {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&n.to_le_bytes());
+    b[8] = 0xbb;
+    b
+}
+
+fn store(
+    dev: &Arc<HostDevice>,
+    dir: &std::path::Path,
+    geo: Geometry,
+    slots: usize,
+    cfg: BlockStoreConfig,
+) -> TieredBlockStore<HostDevice> {
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: geo.shard_bytes,
+        slots,
+        ways: 256.min(slots),
+        mode: PoolMode::Private,
+        load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    let disk = DiskTier::open(DiskConfig::new(dir, geo, 1_000_000), engine).unwrap();
+    TieredBlockStore::new(Arc::clone(dev), pool, disk, cfg).unwrap()
+}
+
+/// A device region holding `blocks` x all shards, laid out block-major,
+/// filled with each shard's deterministic content.
+fn device_kv(dev: &HostDevice, geo: Geometry, blocks: &[u64]) -> Memory {
+    let per = geo.shard_bytes;
+    let n = blocks.len() * geo.shards_per_block as usize;
+    let host = dev.alloc_pinned(n * per).unwrap();
+    for (bi, &b) in blocks.iter().enumerate() {
+        for s in 0..geo.shards_per_block as usize {
+            let at = (bi * geo.shards_per_block as usize + s) * per;
+            host.write_host(at, &pattern(b * 100 + s as u64, per))
+                .unwrap();
+        }
+    }
+    let d = dev.alloc_device(n * per).unwrap();
+    let st = dev.create_stream().unwrap();
+    dev.copy_async(&st, &CopyRun::new(&d, 0, &host, 0, n * per))
+        .unwrap();
+    dev.synchronize_stream(&st).unwrap();
+    d
+}
+
+fn items(
+    geo: Geometry,
+    blocks: &[u64],
+    mem: &Memory,
+    shards: std::ops::Range<u32>,
+) -> Vec<TaskItem> {
+    items_of(geo, blocks, blocks, mem, shards)
+}
+
+/// Items for `which` blocks of a region laid out (as `device_kv`) for `layout`.
+fn items_of(
+    geo: Geometry,
+    layout: &[u64],
+    which: &[u64],
+    mem: &Memory,
+    shards: std::ops::Range<u32>,
+) -> Vec<TaskItem> {
+    let mut v = Vec::new();
+    for (bi, &b) in layout.iter().enumerate() {
+        if !which.contains(&b) {
+            continue;
+        }
+        for s in shards.clone() {
+            v.push(TaskItem {
+                block: id(b),
+                shard: s,
+                memory: mem.clone(),
+                offset: (bi * geo.shards_per_block as usize + s as usize) * geo.shard_bytes,
+            });
+        }
+    }
+    v
+}
+
+/// Checks `mem` (laid out as `device_kv`) against the expected content.
+fn check_kv(dev: &HostDevice, geo: Geometry, blocks: &[u64], mem: &Memory) {
+    let per = geo.shard_bytes;
+    let n = blocks.len() * geo.shards_per_block as usize;
+    let host = dev.alloc_pinned(n * per).unwrap();
+    let st = dev.create_stream().unwrap();
+    dev.copy_async(&st, &CopyRun::new(&host, 0, mem, 0, n * per))
+        .unwrap();
+    dev.synchronize_stream(&st).unwrap();
+    let mut got = vec![0u8; per];
+    for (bi, &b) in blocks.iter().enumerate() {
+        for s in 0..geo.shards_per_block as usize {
+            host.read_host((bi * geo.shards_per_block as usize + s) * per, &mut got)
+                .unwrap();
+            assert!(
+                got == pattern(b * 100 + s as u64, per),
+                "block {b} shard {s} differs"
+            );
+        }
+    }
+}
+
+fn all_ok(outs: &[(BlockId, u32, ItemOutcome)]) -> bool {
+    outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok)
+}
+
+#[test]
+fn dump_then_load_round_trips_and_lookups_see_it() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+    let blocks = [1, 2, 3];
+    let src = device_kv(&dev, GEO, &blocks);
+    let t = st.dump(items(GEO, &blocks, &src, 0..4), None).unwrap();
+    assert!(all_ok(&t.wait()));
+    assert!(t.check());
+    assert!(t
+        .wait_durable()
+        .iter()
+        .all(|(_, d)| *d == Durability::Durable));
+    let ids: Vec<_> = [1, 2, 3, 4].map(id).to_vec();
+    assert_eq!(st.lookup(&ids), [true, true, true, false]);
+    assert_eq!(st.lookup_on_prefix(&ids), 3);
+    // Load into a fresh region: exact bytes, per shard as well.
+    let dst = dev.alloc_device(3 * 4 * 4096).unwrap();
+    let t = st.load(items(GEO, &blocks, &dst, 0..4)).unwrap();
+    assert_eq!(t.wait_shard(2).len(), 3);
+    assert!(all_ok(&t.wait()));
+    check_kv(&dev, GEO, &blocks, &dst);
+    // A block never dumped is a miss, reported per item.
+    let t = st.load(items(GEO, &[9], &dst, 0..2)).unwrap();
+    assert!(t.wait().iter().all(|(_, _, o)| *o == ItemOutcome::Miss));
+    // Bad input: a shard outside the geometry, a region too small.
+    let mut bad = items(GEO, &[1], &dst, 0..1);
+    bad[0].shard = 4;
+    assert!(matches!(
+        st.load(bad),
+        Err(StoreError::ShardOutOfRange { .. })
+    ));
+    let mut bad = items(GEO, &[1], &dst, 0..1);
+    bad[0].offset = dst.len() - 100;
+    assert!(st.load(bad).is_err());
+}
+
+#[test]
+fn a_dump_of_512_blocks_by_32_shards_reads_back_from_disk_with_the_pool_bypassed() {
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 32,
+    };
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let blocks: Vec<u64> = (0..512).collect();
+    // The pool holds the task with room to spare: a set-associative pool that
+    // is exactly full evicts some shards before their block is written.
+    let st = store(
+        &dev,
+        dir.path(),
+        geo,
+        2 * 512 * 32,
+        BlockStoreConfig::default(),
+    );
+    let src = device_kv(&dev, geo, &blocks);
+    let t = st.dump(items(geo, &blocks, &src, 0..32), None).unwrap();
+    assert!(all_ok(&t.wait()));
+    let durable = t.wait_durable();
+    assert_eq!(durable.len(), 512);
+    let not: Vec<_> = durable
+        .iter()
+        .filter(|(_, d)| *d != Durability::Durable)
+        .collect();
+    assert!(
+        not.is_empty(),
+        "{} not durable, first {:?}",
+        not.len(),
+        not.first()
+    );
+    // Straight from the files: every byte of every shard.
+    let all: Vec<u32> = (0..32).collect();
+    for &b in &blocks {
+        let bufs = st
+            .disk()
+            .read_shards(&id(b), &all)
+            .unwrap()
+            .expect("on disk");
+        for (s, buf) in bufs.iter().enumerate() {
+            assert!(
+                buf.as_slice() == pattern(b * 100 + s as u64, 4096),
+                "block {b} shard {s}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_block_with_shards_missing_is_incomplete_not_durable() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dev, dir.path(), GEO, 64, BlockStoreConfig::default());
+    let src = device_kv(&dev, GEO, &[5]);
+    let t = st.dump(items(GEO, &[5], &src, 0..2), None).unwrap();
+    assert!(all_ok(&t.wait()));
+    assert_eq!(t.wait_durable(), [(id(5), Durability::Incomplete)]);
+    assert!(!st.disk().exists(&id(5)));
+    // The layer-by-layer rest arrives: now the block is written.
+    let t = st.dump(items(GEO, &[5], &src, 2..4), None).unwrap();
+    assert_eq!(t.wait_durable(), [(id(5), Durability::Durable)]);
+}
+
+#[test]
+fn a_dump_copies_only_after_its_prerequisite_event() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dev, dir.path(), GEO, 64, BlockStoreConfig::default());
+    let old = device_kv(&dev, GEO, &[7]);
+    let new = device_kv(&dev, GEO, &[8]);
+    // The engine's stream: a gate, then the layer's "compute" (a copy of
+    // block 8's bytes into the region being saved), then the event.
+    let engine = dev.create_stream().unwrap();
+    let (open, gate) = mpsc::channel::<()>();
+    dev.launch_host_fn(
+        &engine,
+        Box::new(move || {
+            let _ = gate.recv();
+            Ok(())
+        }),
+    )
+    .unwrap();
+    dev.copy_async(&engine, &CopyRun::new(&old, 0, &new, 0, 4 * 4096))
+        .unwrap();
+    let ev = Arc::new(dev.create_event().unwrap());
+    dev.record_event(&ev, &engine).unwrap();
+    let t = st
+        .dump(items(GEO, &[7], &old, 0..4), Some(Arc::clone(&ev)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!t.check(), "the dump waited for the event");
+    drop(open);
+    assert!(all_ok(&t.wait()));
+    // Block 7 was saved with the bytes the compute left: block 8's.
+    let dst = dev.alloc_device(4 * 4096).unwrap();
+    assert!(all_ok(
+        &st.load(items(GEO, &[7], &dst, 0..4)).unwrap().wait()
+    ));
+    check_kv(&dev, GEO, &[8], &dst);
+}
+
+#[test]
+fn a_full_queue_is_an_error_never_a_silent_drop() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = BlockStoreConfig {
+        queue_depth: 1,
+        workers: 1,
+        ..BlockStoreConfig::default()
+    };
+    let st = store(&dev, dir.path(), GEO, 64, cfg);
+    let src = device_kv(&dev, GEO, &[1]);
+    let engine = dev.create_stream().unwrap();
+    let (open, gate) = mpsc::channel::<()>();
+    dev.launch_host_fn(
+        &engine,
+        Box::new(move || {
+            let _ = gate.recv();
+            Ok(())
+        }),
+    )
+    .unwrap();
+    let ev = Arc::new(dev.create_event().unwrap());
+    dev.record_event(&ev, &engine).unwrap();
+    // The worker is busy with the first, the queue holds the second.
+    let first = st
+        .dump(items(GEO, &[1], &src, 0..4), Some(Arc::clone(&ev)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let second = st.dump(items(GEO, &[1], &src, 0..4), None).unwrap();
+    let third = st.dump(items(GEO, &[1], &src, 0..4), None);
+    assert!(matches!(third, Err(StoreError::QueueFull)));
+    drop(open);
+    assert!(all_ok(&first.wait()) && all_ok(&second.wait()));
+}
+
+#[test]
+fn injected_faults_end_as_the_design_says() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+    let blocks = [1, 2, 3];
+    let src = device_kv(&dev, GEO, &blocks);
+    let tmp = dir.path().join("tmp");
+
+    // EIO on every disk write of this dump: reported by wait_durable,
+    // retried, counted, listed in failures(); the data stays in the pool.
+    {
+        let _eio = faults::inject(FaultRule::errno(&tmp, FaultOp::Write, libc::EIO));
+        let t = st.dump(items(GEO, &[1], &src, 0..4), None).unwrap();
+        assert!(all_ok(&t.wait()), "in the pool: wait succeeds");
+        match &t.wait_durable()[..] {
+            [(b, Durability::Failed(why))] => {
+                assert_eq!(*b, id(1));
+                assert!(why.contains("Input/output error"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let stats = st.stats();
+    assert_eq!(
+        stats
+            .write_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        stats
+            .write_retries
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    assert_eq!(st.failures().len(), 1);
+    assert_eq!(st.failures()[0].block, id(1));
+
+    // ENOSPC on one block's fsync: that dump fails, nothing else is lost.
+    {
+        let _full = faults::inject(FaultRule::errno(&tmp, FaultOp::Fsync, libc::ENOSPC).times(3));
+        let t = st
+            .dump(items_of(GEO, &blocks, &[2], &src, 0..4), None)
+            .unwrap();
+        assert!(matches!(
+            &t.wait_durable()[..],
+            [(_, Durability::Failed(_))]
+        ));
+    }
+    let t = st
+        .dump(items_of(GEO, &blocks, &[3], &src, 0..4), None)
+        .unwrap();
+    assert_eq!(t.wait_durable(), [(id(3), Durability::Durable)]);
+
+    // A fresh store (empty pool) over the same directory: block 3 loads from
+    // disk; EIO on its file fails exactly its items.
+    drop(st);
+    let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+    let dst = dev.alloc_device(3 * 4 * 4096).unwrap();
+    let path3 = st.disk().path_of(&id(3));
+    {
+        let _bad = faults::inject(FaultRule::errno(&path3, FaultOp::Read, libc::EIO));
+        let outs = st.load(items(GEO, &[3], &dst, 0..4)).unwrap().wait();
+        assert_eq!(outs.len(), 4);
+        assert!(outs
+            .iter()
+            .all(|(b, _, o)| *b == id(3) && matches!(o, ItemOutcome::Failed(_))));
+    }
+    assert!(all_ok(
+        &st.load(items(GEO, &[3], &dst, 0..4)).unwrap().wait()
+    ));
+    check_kv(&dev, GEO, &[3], &dst);
+
+    // One flipped byte in the file: a miss, never data.
+    drop(st);
+    let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+    let mut bytes = std::fs::read(&path3).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 1;
+    std::fs::write(&path3, bytes).unwrap();
+    let outs = st.load(items(GEO, &[3], &dst, 3..4)).unwrap().wait();
+    assert_eq!(outs, [(id(3), 3, ItemOutcome::Miss)]);
+}
