@@ -390,3 +390,216 @@ fn injected_faults_end_as_the_design_says() {
     let outs = st.load(items(GEO, &[3], &dst, 3..4)).unwrap().wait();
     assert_eq!(outs, [(id(3), 3, ItemOutcome::Miss)]);
 }
+
+fn shared_store(
+    dev: &Arc<HostDevice>,
+    dir: &std::path::Path,
+    instance: &str,
+) -> TieredBlockStore<HostDevice> {
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: GEO.shard_bytes,
+        slots: 256,
+        ways: 16,
+        mode: PoolMode::Shared {
+            instance: instance.to_string(),
+        },
+        load_timeout: Duration::from_millis(500),
+        dirty_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    let disk = DiskTier::open(DiskConfig::new(dir, GEO, 1_000_000), engine).unwrap();
+    TieredBlockStore::new(Arc::clone(dev), pool, disk, BlockStoreConfig::default()).unwrap()
+}
+
+/// Child of the multi-process and crash tests (run with `--ignored`).
+#[test]
+#[ignore = "child process of the multi-process BlockStore tests"]
+fn block_child() {
+    let dir =
+        std::path::PathBuf::from(std::env::var("UCM_BLOCK_DIR").expect("run by a parent test"));
+    let dev = Arc::new(HostDevice::new());
+    match std::env::var("UCM_BLOCK_ROLE").unwrap().as_str() {
+        "load" => {
+            let st = shared_store(&dev, &dir, &std::env::var("UCM_BLOCK_POOL").unwrap());
+            let dst = dev.alloc_device(4 * 4096).unwrap();
+            assert!(all_ok(
+                &st.load(items(GEO, &[77], &dst, 0..4)).unwrap().wait()
+            ));
+            check_kv(&dev, GEO, &[77], &dst);
+            let reads = st
+                .stats()
+                .disk_reads
+                .load(std::sync::atomic::Ordering::Relaxed);
+            println!("DISK_READS={reads}");
+        }
+        "dump" => {
+            let st = store(&dev, &dir, GEO, 256, BlockStoreConfig::default());
+            let start: u64 = std::env::var("UCM_BLOCK_START").unwrap().parse().unwrap();
+            for n in start.. {
+                let src = device_kv(&dev, GEO, &[n]);
+                let t = st.dump(items(GEO, &[n], &src, 0..4), None).unwrap();
+                assert_eq!(t.wait_durable(), [(id(n), Durability::Durable)]);
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn child(dir: &std::path::Path, role: &str, extra: &[(&str, String)]) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "block_child",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("UCM_BLOCK_DIR", dir)
+    .env("UCM_BLOCK_ROLE", role)
+    .stderr(std::process::Stdio::null());
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c
+}
+
+#[test]
+fn three_processes_sharing_a_pool_read_a_block_from_disk_once() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let st = store(&dev, dir.path(), GEO, 64, BlockStoreConfig::default());
+        let src = device_kv(&dev, GEO, &[77]);
+        let t = st.dump(items(GEO, &[77], &src, 0..4), None).unwrap();
+        assert_eq!(t.wait_durable(), [(id(77), Durability::Durable)]);
+    }
+    let instance = format!("test-blockonce-{}", std::process::id());
+    let creator = shared_store(&dev, dir.path(), &instance);
+    let shm = creator.pool().shm_path().unwrap().to_path_buf();
+    let kids: Vec<_> = (0..3)
+        .map(|_| {
+            child(dir.path(), "load", &[("UCM_BLOCK_POOL", instance.clone())])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| k.wait_with_output().unwrap())
+        .collect();
+    let _ = std::fs::remove_file(&shm);
+    let mut reads = 0;
+    for o in &outs {
+        assert!(o.status.success());
+        let text = String::from_utf8_lossy(&o.stdout);
+        let n: u64 = text
+            .split("DISK_READS=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("the child reports its disk reads");
+        reads += n;
+    }
+    assert_eq!(
+        reads, 4,
+        "each of the 4 shards was read from disk once in all"
+    );
+}
+
+#[test]
+fn sigkill_of_a_dumping_process_leaves_whole_blocks_or_misses() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let mut x = 0x1234_5678u64;
+    let mut survived = 0;
+    for trial in 0..20u64 {
+        let mut kid = child(
+            dir.path(),
+            "dump",
+            &[("UCM_BLOCK_START", (trial * 10_000).to_string())],
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        std::thread::sleep(Duration::from_millis(40 + (x >> 33) % 120));
+        kid.kill().unwrap();
+        kid.wait().unwrap();
+        // Reopen: every block reads back exactly or is a miss.
+        let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+        let dst = dev.alloc_device(4 * 4096).unwrap();
+        for n in trial * 10_000.. {
+            let outs = st.load(items(GEO, &[n], &dst, 0..4)).unwrap().wait();
+            if outs.iter().all(|(_, _, o)| *o == ItemOutcome::Miss) {
+                break;
+            }
+            assert!(all_ok(&outs), "block {n}: {outs:?}");
+            check_kv(&dev, GEO, &[n], &dst);
+            survived += 1;
+        }
+    }
+    eprintln!("20 SIGKILL trials: {survived} dumped blocks read back exactly");
+    assert!(survived > 0);
+}
+
+#[test]
+fn gc_under_concurrent_loads_corrupts_no_load() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    // A small pool, so loads go to disk while GC deletes files.
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: GEO.shard_bytes,
+        slots: 32,
+        ways: 32,
+        mode: PoolMode::Private,
+        load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    let mut dcfg = DiskConfig::new(dir.path(), GEO, 12);
+    dcfg.low_watermark = 4;
+    let disk = DiskTier::open(dcfg, engine).unwrap();
+    let st =
+        TieredBlockStore::new(Arc::clone(&dev), pool, disk, BlockStoreConfig::default()).unwrap();
+    let blocks: Vec<u64> = (0..40).collect();
+    let src = device_kv(&dev, GEO, &blocks);
+    std::thread::scope(|s| {
+        let st = &st;
+        let src = &src;
+        let blocks = &blocks;
+        s.spawn(move || {
+            for chunk in blocks.chunks(5) {
+                let t = st
+                    .dump(items_of(GEO, blocks, chunk, src, 0..4), None)
+                    .unwrap();
+                t.wait_durable();
+                st.disk().gc();
+            }
+        });
+        for _ in 0..2 {
+            let dev = Arc::clone(&dev);
+            s.spawn(move || {
+                let dst = dev.alloc_device(4 * 4096).unwrap();
+                for i in 0..200u64 {
+                    let n = i % 40;
+                    let outs = st.load(items(GEO, &[n], &dst, 0..4)).unwrap().wait();
+                    // Whole block or misses; the bytes of a hit are exact.
+                    if all_ok(&outs) {
+                        check_kv(&dev, GEO, &[n], &dst);
+                    } else {
+                        assert!(
+                            outs.iter()
+                                .all(|(_, _, o)| !matches!(o, ItemOutcome::Failed(_))),
+                            "{outs:?}"
+                        );
+                    }
+                }
+            });
+        }
+    });
+}
