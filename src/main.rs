@@ -40,6 +40,30 @@ enum BenchCmd {
     Io(IoArgs),
     /// Copy GiB/s through the Device trait against the backend's raw path.
     Device(DeviceArgs),
+    /// The tiered store on the host device: dump, cold and warm loads, lookups.
+    Store(StoreArgs),
+}
+
+#[derive(Args)]
+struct StoreArgs {
+    /// Print one JSON record per path (JSON lines) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Directory of the store (tmpfs /dev/shm gives stable numbers).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Shard sizes.
+    #[arg(long, value_delimiter = ',', default_value = "64K,2M", value_parser = parse_size)]
+    shard_sizes: Vec<u64>,
+    /// Shards per block.
+    #[arg(long, default_value_t = 32)]
+    shards: u32,
+    /// Bytes per workload.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    size: u64,
+    /// Do not run fio even when installed.
+    #[arg(long)]
+    no_fio: bool,
 }
 
 #[derive(Args)]
@@ -161,6 +185,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             what: BenchCmd::Device(args),
         } => bench_device(args),
+        Cmd::Bench {
+            what: BenchCmd::Store(args),
+        } => bench_store(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -280,6 +307,42 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             println!(
                 "{:<22} {:>8.3} GiB/s  baseline {:>8.3} GiB/s  ratio {:.3}",
                 r.case, r.gib_s, r.limit_gib_s, r.ratio
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench_store(a: StoreArgs) -> Result<(), String> {
+    use ucm::bench::store::{self as storebench, StoreBenchConfig};
+    let to_usize = |v: u64| usize::try_from(v).map_err(|_| format!("{v} is too large"));
+    let cfg = StoreBenchConfig {
+        dir: a.dir.unwrap_or_else(std::env::temp_dir),
+        shard_sizes: a
+            .shard_sizes
+            .iter()
+            .map(|&s| to_usize(s))
+            .collect::<Result<_, _>>()?,
+        shards: a.shards,
+        bytes: to_usize(a.size)?,
+        use_fio: !a.no_fio,
+    };
+    let records = storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    for r in &records {
+        if a.json {
+            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        } else {
+            let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+            println!(
+                "{:<15} {:>6} KiB  {:>12}  limit {:>12}  ratio {}",
+                r.path,
+                r.shard_bytes >> 10,
+                r.gib_s
+                    .map(|g| format!("{g:.3} GiB/s"))
+                    .or(r.blocks_s.map(|b| format!("{b:.0} blk/s")))
+                    .unwrap_or_default(),
+                opt(r.limit),
+                opt(r.ratio)
             );
         }
     }

@@ -202,7 +202,7 @@ pub fn fio_available() -> bool {
 
 /// Fills `path` with `bytes` of non-zero data, so reads hit real blocks
 /// (not holes) and writes overwrite allocated space.
-fn lay_out(path: &Path, bytes: u64) -> Result<(), IoBenchError> {
+pub(crate) fn lay_out(path: &Path, bytes: u64) -> Result<(), IoBenchError> {
     let setup = |source| IoBenchError::Setup {
         path: path.to_path_buf(),
         source,
@@ -300,7 +300,7 @@ fn run_ours(
 }
 
 /// One fio run with the same engine, pattern, size and file. Returns GiB/s.
-fn run_fio(
+pub(crate) fn run_fio(
     kind: IoEngineKind,
     path: &Path,
     pattern: Pattern,

@@ -3,6 +3,7 @@
 
 pub mod device;
 pub mod io;
+pub mod store;
 
 /// The median of `v` (0 for an empty slice).
 pub fn median(v: &[f64]) -> f64 {

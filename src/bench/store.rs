@@ -1,0 +1,430 @@
+//! `ucm bench store`: the whole tiered store on the host device.
+//!
+//! For each shard size, `blocks x shards` of it (1 GiB by default):
+//! - `dump_cold`: dump everything and wait until durable; limit: fio writing
+//!   the same bytes sequentially with the same block size, in the same dir;
+//! - `load_cold`: a fresh store (empty pool) loads everything from disk;
+//!   limit: fio reading them back;
+//! - `load_warm`: load everything again (pool hits); limit: memcpy of the
+//!   same bytes;
+//! - `load_layerwise`: one shard index at a time across all blocks (pool
+//!   hits); limit: memcpy;
+//! - `lookup_disk` / `lookup_pool`: 10,000 ids of which 9,000 are present
+//!   (a one-shard geometry); limits: a raw `stat` of the same paths, and a
+//!   hash-set probe of the same ids.
+//!
+//! One record per path: `{"path","shard_bytes","gib_s"|"blocks_s","limit","ratio"}`.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
+use ucm_store::pool::PoolMode;
+use ucm_store::{
+    BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, ItemOutcome,
+    PoolConfig, StoreError, TaskItem, TieredBlockStore,
+};
+
+use super::gib_s;
+use super::io::{fio_available, run_fio, Pattern};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct StoreBenchConfig {
+    /// Where the store's directories go (removed afterwards).
+    pub dir: PathBuf,
+    /// Shard sizes to run.
+    pub shard_sizes: Vec<usize>,
+    /// Shards per block.
+    pub shards: u32,
+    /// Bytes per workload (blocks = bytes / (shards x shard size)).
+    pub bytes: usize,
+    /// Compare disk paths with fio when installed.
+    pub use_fio: bool,
+}
+
+impl Default for StoreBenchConfig {
+    fn default() -> Self {
+        StoreBenchConfig {
+            dir: std::env::temp_dir(),
+            shard_sizes: vec![64 << 10, 2 << 20],
+            shards: 32,
+            bytes: 1 << 30,
+            use_fio: true,
+        }
+    }
+}
+
+/// One record.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StoreBenchRecord {
+    /// The path measured.
+    pub path: String,
+    /// Shard size of the workload.
+    pub shard_bytes: usize,
+    /// Throughput (data paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gib_s: Option<f64>,
+    /// Lookups per second (lookup paths, in blocks per second).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocks_s: Option<f64>,
+    /// The same-run limit, in the same unit (None without fio).
+    pub limit: Option<f64>,
+    /// Ours over the limit.
+    pub ratio: Option<f64>,
+}
+
+/// Errors of the store bench.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreBenchError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The device failed.
+    #[error(transparent)]
+    Device(#[from] ucm_device::DeviceError),
+    /// Something failed that a bench cannot measure around.
+    #[error("{0}")]
+    Other(String),
+}
+
+fn r3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn record(
+    path: &str,
+    shard_bytes: usize,
+    ours: f64,
+    limit: Option<f64>,
+    lookups: bool,
+) -> StoreBenchRecord {
+    StoreBenchRecord {
+        path: path.into(),
+        shard_bytes,
+        gib_s: (!lookups).then(|| r3(ours)),
+        blocks_s: lookups.then(|| ours.round()),
+        limit: limit.map(|l| if lookups { l.round() } else { r3(l) }),
+        ratio: limit.filter(|l| *l > 0.0).map(|l| r3(ours / l)),
+    }
+}
+
+fn id(n: u64) -> BlockId {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&n.to_le_bytes());
+    b[8..].copy_from_slice(&n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
+    b
+}
+
+fn open_store(
+    dev: &Arc<HostDevice>,
+    dir: &Path,
+    geo: Geometry,
+    slots: usize,
+) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
+    let ways = 256.min(slots);
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: geo.shard_bytes,
+        slots: slots.div_ceil(ways) * ways,
+        ways,
+        mode: PoolMode::Private,
+        load_timeout: std::time::Duration::from_secs(5),
+        dirty_timeout: std::time::Duration::from_secs(600),
+    })?;
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build()?);
+    let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
+    let cfg = BlockStoreConfig {
+        workers: 2,
+        ..BlockStoreConfig::default()
+    };
+    Ok(TieredBlockStore::new(Arc::clone(dev), pool, disk, cfg)?)
+}
+
+fn task(geo: Geometry, blocks: usize, mem: &Memory, shards: std::ops::Range<u32>) -> Vec<TaskItem> {
+    let mut v = Vec::new();
+    for b in 0..blocks {
+        for s in shards.clone() {
+            v.push(TaskItem {
+                block: id(b as u64),
+                shard: s,
+                memory: mem.clone(),
+                offset: (b * geo.shards_per_block as usize + s as usize) * geo.shard_bytes,
+            });
+        }
+    }
+    v
+}
+
+fn expect_ok(outs: &[(BlockId, u32, ItemOutcome)], what: &str) -> Result<(), StoreBenchError> {
+    match outs.iter().find(|(_, _, o)| *o != ItemOutcome::Ok) {
+        None => Ok(()),
+        Some((_, s, o)) => Err(StoreBenchError::Other(format!("{what}: shard {s}: {o:?}"))),
+    }
+}
+
+/// Runs every path for every shard size.
+pub fn run(
+    cfg: &StoreBenchConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
+    let fio = cfg.use_fio && fio_available();
+    if cfg.use_fio && !fio {
+        progress("fio not found: disk-path limits will be null");
+    }
+    let root = cfg
+        .dir
+        .join(format!("ucm-bench-store-{}", std::process::id()));
+    let result = (|| {
+        let mut out = Vec::new();
+        for &shard_bytes in &cfg.shard_sizes {
+            out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
+        }
+        out.extend(run_lookups(&root, &mut progress)?);
+        Ok(out)
+    })();
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+fn run_size(
+    cfg: &StoreBenchConfig,
+    root: &Path,
+    shard_bytes: usize,
+    fio: bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
+    let geo = Geometry {
+        shard_bytes,
+        shards_per_block: cfg.shards,
+    };
+    geo.validate()?;
+    let block_bytes = shard_bytes * cfg.shards as usize;
+    let blocks = (cfg.bytes / block_bytes).max(1);
+    let bytes = blocks * block_bytes;
+    let slots = blocks * cfg.shards as usize * 2;
+    let dir = root.join(format!("s{shard_bytes}"));
+    let dev = Arc::new(HostDevice::new());
+    progress(&format!(
+        "store bench: {blocks} blocks x {} shards of {} KiB ({} MiB)",
+        cfg.shards,
+        shard_bytes >> 10,
+        bytes >> 20
+    ));
+    let src = dev.alloc_device(bytes)?;
+    {
+        let host = dev.alloc_pinned(bytes)?;
+        let chunk = crate::device::conformance::pattern(11, 1 << 20);
+        for off in (0..bytes).step_by(1 << 20) {
+            let n = (1 << 20).min(bytes - off);
+            host.write_host(off, &chunk[..n])?;
+        }
+        let s = dev.create_stream()?;
+        dev.copy_async(&s, &CopyRun::new(&src, 0, &host, 0, bytes))?;
+        dev.synchronize_stream(&s)?;
+    }
+    let mut out = Vec::new();
+
+    // dump_cold, against fio writing the same bytes.
+    let st = open_store(&dev, &dir, geo, slots)?;
+    let t = Instant::now();
+    let h = st.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
+    expect_ok(&h.wait(), "dump")?;
+    if let Some((_, d)) = h
+        .wait_durable()
+        .into_iter()
+        .find(|(_, d)| *d != ucm_store::Durability::Durable)
+    {
+        return Err(StoreBenchError::Other(format!("dump not durable: {d:?}")));
+    }
+    let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+    let engine = IoEngineKind::IoUring;
+    let fio_file = root.join("fio.dat");
+    let limit = if fio {
+        super::io::lay_out(&fio_file, bytes as u64)
+            .map_err(|e| StoreBenchError::Other(e.to_string()))?;
+        Some(
+            run_fio(
+                engine,
+                &fio_file,
+                Pattern::SeqWrite,
+                shard_bytes,
+                32,
+                bytes as u64,
+            )
+            .map_err(|e| StoreBenchError::Other(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    out.push(record("dump_cold", shard_bytes, ours, limit, false));
+    progress(&format!("dump_cold: {ours:.3} GiB/s (fio {limit:?})"));
+    drop(st);
+
+    // load_cold: a fresh store, everything from disk.
+    let dst = dev.alloc_device(bytes)?;
+    let st = open_store(&dev, &dir, geo, slots)?;
+    let t = Instant::now();
+    expect_ok(
+        &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
+        "load_cold",
+    )?;
+    let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+    let limit = if fio {
+        Some(
+            run_fio(
+                engine,
+                &fio_file,
+                Pattern::SeqRead,
+                shard_bytes,
+                32,
+                bytes as u64,
+            )
+            .map_err(|e| StoreBenchError::Other(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let _ = std::fs::remove_file(&fio_file);
+    out.push(record("load_cold", shard_bytes, ours, limit, false));
+    progress(&format!("load_cold: {ours:.3} GiB/s (fio {limit:?})"));
+
+    // The memcpy limit of the pool paths: the same bytes, host to host.
+    let mut a = vec![1u8; bytes];
+    let b = vec![2u8; bytes];
+    let t = Instant::now();
+    a.copy_from_slice(&b);
+    let memcpy = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+    std::hint::black_box(&a);
+    drop((a, b));
+
+    // load_warm: everything again, from the pool.
+    let t = Instant::now();
+    expect_ok(
+        &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
+        "load_warm",
+    )?;
+    let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+    out.push(record("load_warm", shard_bytes, ours, Some(memcpy), false));
+    progress(&format!("load_warm: {ours:.3} GiB/s (memcpy {memcpy:.3})"));
+
+    // load_layerwise: one shard index at a time across all blocks.
+    let t = Instant::now();
+    for s in 0..cfg.shards {
+        expect_ok(
+            &st.load(task(geo, blocks, &dst, s..s + 1))?.wait(),
+            "load_layerwise",
+        )?;
+    }
+    let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+    out.push(record(
+        "load_layerwise",
+        shard_bytes,
+        ours,
+        Some(memcpy),
+        false,
+    ));
+    progress(&format!(
+        "load_layerwise: {ours:.3} GiB/s (memcpy {memcpy:.3})"
+    ));
+    Ok(out)
+}
+
+fn run_lookups(
+    root: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let (present, total) = (9_000usize, 10_000usize);
+    let dev = Arc::new(HostDevice::new());
+    let dir = root.join("lookup");
+    let st = open_store(&dev, &dir, geo, 2 * total)?;
+    let src = dev.alloc_device(present * 4096)?;
+    let h = st.dump(task(geo, present, &src, 0..1), None)?;
+    expect_ok(&h.wait(), "lookup setup")?;
+    h.wait_durable();
+    let ids: Vec<BlockId> = (0..total as u64).map(id).collect();
+
+    // lookup_pool: every present block is in the pool.
+    let t = Instant::now();
+    let hits = st.lookup(&ids).iter().filter(|&&p| p).count();
+    let ours = total as f64 / t.elapsed().as_secs_f64();
+    let set: HashSet<BlockId> = ids[..present].iter().copied().collect();
+    let t = Instant::now();
+    let base_hits = ids.iter().filter(|i| set.contains(*i)).count();
+    let limit = total as f64 / t.elapsed().as_secs_f64();
+    if hits != present || base_hits != present {
+        return Err(StoreBenchError::Other(format!(
+            "lookup_pool found {hits} of {present}"
+        )));
+    }
+    out_push(progress, "lookup_pool", ours, limit);
+    let mut out = vec![record("lookup_pool", 4096, ours, Some(limit), true)];
+    drop(st);
+
+    // lookup_disk: a fresh store, empty pool: presence from the files.
+    let st = open_store(&dev, &dir, geo, 64)?;
+    let t = Instant::now();
+    let hits = st.lookup(&ids).iter().filter(|&&p| p).count();
+    let ours = total as f64 / t.elapsed().as_secs_f64();
+    let paths: Vec<PathBuf> = ids.iter().map(|i| st.disk().path_of(i)).collect();
+    let t = Instant::now();
+    let base_hits = paths.iter().filter(|p| p.is_file()).count();
+    let limit = total as f64 / t.elapsed().as_secs_f64();
+    if hits != present || base_hits != present {
+        return Err(StoreBenchError::Other(format!(
+            "lookup_disk found {hits} of {present}"
+        )));
+    }
+    out_push(progress, "lookup_disk", ours, limit);
+    out.push(record("lookup_disk", 4096, ours, Some(limit), true));
+    Ok(out)
+}
+
+fn out_push(progress: &mut dyn FnMut(&str), path: &str, ours: f64, limit: f64) {
+    progress(&format!("{path}: {ours:.0} blocks/s (baseline {limit:.0})"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_store_bench_reports_every_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreBenchConfig {
+            dir: dir.path().to_path_buf(),
+            shard_sizes: vec![64 << 10],
+            shards: 4,
+            bytes: 4 << 20,
+            use_fio: false,
+        };
+        let recs = run(&cfg, |_| {}).unwrap();
+        let paths: Vec<_> = recs.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "dump_cold",
+                "load_cold",
+                "load_warm",
+                "load_layerwise",
+                "lookup_pool",
+                "lookup_disk"
+            ]
+        );
+        assert!(recs[..4].iter().all(|r| r.gib_s.is_some_and(|g| g > 0.0)));
+        assert!(recs[4..]
+            .iter()
+            .all(|r| r.blocks_s.is_some_and(|b| b > 0.0) && r.ratio.is_some()));
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "cleaned up"
+        );
+    }
+}
