@@ -326,6 +326,7 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         shards: a.shards,
         bytes: to_usize(a.size)?,
         use_fio: !a.no_fio,
+        lookups: 10_000,
     };
     let records = storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
     for r in &records {

@@ -44,6 +44,8 @@ pub struct StoreBenchConfig {
     pub bytes: usize,
     /// Compare disk paths with fio when installed.
     pub use_fio: bool,
+    /// Ids looked up in the lookup paths (nine in ten present).
+    pub lookups: usize,
 }
 
 impl Default for StoreBenchConfig {
@@ -54,6 +56,7 @@ impl Default for StoreBenchConfig {
             shards: 32,
             bytes: 1 << 30,
             use_fio: true,
+            lookups: 10_000,
         }
     }
 }
@@ -182,7 +185,7 @@ pub fn run(
         for &shard_bytes in &cfg.shard_sizes {
             out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
         }
-        out.extend(run_lookups(&root, &mut progress)?);
+        out.extend(run_lookups(&root, cfg.lookups, &mut progress)?);
         Ok(out)
     })();
     let _ = std::fs::remove_dir_all(&root);
@@ -334,13 +337,15 @@ fn run_size(
 
 fn run_lookups(
     root: &Path,
+    total: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
     let geo = Geometry {
         shard_bytes: 4096,
         shards_per_block: 1,
     };
-    let (present, total) = (9_000usize, 10_000usize);
+    let total = total.max(10);
+    let present = total - total / 10;
     let dev = Arc::new(HostDevice::new());
     let dir = root.join("lookup");
     let st = open_store(&dev, &dir, geo, 2 * total)?;
@@ -403,6 +408,7 @@ mod tests {
             shards: 4,
             bytes: 4 << 20,
             use_fio: false,
+            lookups: 200,
         };
         let recs = run(&cfg, |_| {}).unwrap();
         let paths: Vec<_> = recs.iter().map(|r| r.path.as_str()).collect();
