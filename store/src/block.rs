@@ -30,6 +30,9 @@ use crate::error::{Result, StoreError};
 use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, SlotRef};
 
+/// Blocks per disk batch: bounds the files open at once.
+const IO_BATCH_BLOCKS: usize = 64;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -267,10 +270,8 @@ impl<D: Device> TieredBlockStore<D> {
                 "workers, queue depth and write attempts must be positive".into(),
             ));
         }
-        let (base, len) = pool.data_region();
-        // SAFETY: the pool's data area is mapped for the pool's lifetime, and
         // `Inner` drops `pool_mem` (ending the registration) before `pool`.
-        let pool_mem = unsafe { dev.register_host(base, len) }?;
+        let pool_mem = pool.register(dev.as_ref())?;
         let inner = Arc::new(Inner {
             dev,
             pool_mem,
@@ -433,6 +434,8 @@ impl<D: Device> Inner<D> {
             let mut pins: Vec<SlotRef<'_>> = Vec::new();
             let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
             let mut runs: Vec<(usize, usize)> = Vec::new(); // (item index, slot)
+                                                            // Pins for hits; load guards for the shards this rank reads.
+            let mut loads = Vec::new();
             for (i, it) in group.iter().enumerate() {
                 let key = (it.block, shard);
                 let outcome = match self.pool.acquire(key) {
@@ -442,26 +445,9 @@ impl<D: Device> Inner<D> {
                         pins.push(r);
                         ItemOutcome::Ok
                     }
-                    Ok(Some(Acquire::Load(mut g))) => {
-                        match self.disk.read_shards(&it.block, &[shard]) {
-                            Ok(Some(bufs)) => {
-                                self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
-                                g.data_mut().copy_from_slice(bufs[0].as_slice());
-                                let r = g.complete();
-                                runs.push((i, r.slot()));
-                                pins.push(r);
-                                ItemOutcome::Ok
-                            }
-                            Ok(None) => {
-                                g.fail(libc::ENOENT);
-                                self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                                ItemOutcome::Miss
-                            }
-                            Err(e) => {
-                                g.fail(libc::EIO);
-                                self.fail_item(format!("disk read: {e}"))
-                            }
-                        }
+                    Ok(Some(Acquire::Load(g))) => {
+                        loads.push((i, g));
+                        ItemOutcome::Ok
                     }
                     Ok(Some(Acquire::Failed(code))) => {
                         if code == libc::ENOENT {
@@ -475,6 +461,42 @@ impl<D: Device> Inner<D> {
                     Err(e) => self.fail_item(e.to_string()),
                 };
                 outcomes.push((it.block, outcome));
+            }
+            // Every missing shard of this group from disk, in batches, read
+            // straight into the slots being loaded.
+            let mut reads = Vec::with_capacity(loads.len());
+            for chunk in loads.chunks_mut(IO_BATCH_BLOCKS) {
+                let reqs = chunk
+                    .iter_mut()
+                    .map(|(i, g)| (group[*i].block, vec![(shard, g.io_buf())]))
+                    .collect();
+                reads.extend(self.disk.read_many(reqs));
+            }
+            for ((i, mut g), read) in loads.into_iter().zip(reads) {
+                outcomes[i].1 = match read {
+                    Ok(Some(bufs)) => {
+                        self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
+                        // Read in place; a buffer elsewhere is copied in.
+                        if let Some(b) =
+                            bufs.first().filter(|b| b.as_ptr() != g.data_mut().as_ptr())
+                        {
+                            g.data_mut().copy_from_slice(b.as_slice());
+                        }
+                        let r = g.complete();
+                        runs.push((i, r.slot()));
+                        pins.push(r);
+                        ItemOutcome::Ok
+                    }
+                    Ok(None) => {
+                        g.fail(libc::ENOENT);
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                        ItemOutcome::Miss
+                    }
+                    Err(e) => {
+                        g.fail(libc::EIO);
+                        self.fail_item(format!("disk read: {e}"))
+                    }
+                };
             }
             let copy: Vec<CopyRun<'_>> = runs
                 .iter()
@@ -606,43 +628,85 @@ impl<D: Device> Inner<D> {
         }
         t.update(|st| st.done = true);
         // Write-behind: every block whose shards are all in the pool.
-        let durable: Vec<(BlockId, Durability)> = blocks
-            .into_iter()
-            .map(|b| (b, self.write_behind(&b)))
-            .collect();
+        let durable = self.write_behind(&blocks);
         drop(dumped);
         t.update(|st| st.durable = Some(durable));
     }
 
-    /// Writes block `b` to disk if all its shards are in the pool.
-    fn write_behind(&self, b: &BlockId) -> Durability {
-        let mut pins = Vec::new();
-        for s in 0..self.geo.shards_per_block {
-            match self.pool.acquire((*b, s)) {
-                Ok(Some(Acquire::Hit(r))) => pins.push(r),
-                Ok(Some(Acquire::Load(g))) => {
-                    // Not dumped (or evicted): this block is incomplete.
-                    g.fail(libc::ENOENT);
-                    return Durability::Incomplete;
+    /// Writes to disk, in batches, the blocks of `blocks` whose shards are
+    /// all in the pool; retries failures a bounded number of times.
+    fn write_behind(&self, blocks: &[BlockId]) -> Vec<(BlockId, Durability)> {
+        let mut result: HashMap<BlockId, Durability> = HashMap::new();
+        let mut todo: Vec<(BlockId, Vec<SlotRef<'_>>)> = Vec::new();
+        'blocks: for b in blocks {
+            let mut pins = Vec::new();
+            for s in 0..self.geo.shards_per_block {
+                match self.pool.acquire((*b, s)) {
+                    Ok(Some(Acquire::Hit(r))) => pins.push(r),
+                    Ok(Some(Acquire::Load(g))) => {
+                        // Not dumped (or evicted): this block is incomplete.
+                        g.fail(libc::ENOENT);
+                        result.insert(*b, Durability::Incomplete);
+                        continue 'blocks;
+                    }
+                    _ => {
+                        result.insert(*b, Durability::Incomplete);
+                        continue 'blocks;
+                    }
                 }
-                _ => return Durability::Incomplete,
             }
+            todo.push((*b, pins));
         }
-        let mut last = String::new();
         for attempt in 0..self.cfg.write_attempts {
+            if todo.is_empty() {
+                break;
+            }
             if attempt > 0 {
-                self.stats.write_retries.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .write_retries
+                    .fetch_add(todo.len() as u64, Ordering::Relaxed);
             }
-            let bufs: Vec<IoBuf> = pins.iter().map(|r| IoBuf::from_slice(r.data())).collect();
-            match self.disk.write_block(b, bufs) {
-                Ok(_) => {
-                    self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
-                    pins.iter().for_each(|r| r.set_dirty(false));
-                    return Durability::Durable;
+            // Written straight from the pinned slots.
+            let batch: Vec<(BlockId, Vec<IoBuf>)> = todo
+                .iter()
+                .map(|(b, pins)| (*b, pins.iter().map(SlotRef::io_buf).collect()))
+                .collect();
+            // Batches of bounded size keep the open temporary files bounded.
+            let mut outcomes: HashMap<BlockId, Result<()>> = HashMap::new();
+            let mut batch = batch.into_iter().peekable();
+            while batch.peek().is_some() {
+                let chunk: Vec<_> = batch.by_ref().take(IO_BATCH_BLOCKS).collect();
+                outcomes.extend(self.disk.write_blocks(chunk));
+            }
+            let mut again = Vec::new();
+            for (b, pins) in todo {
+                match outcomes.get(&b) {
+                    Some(Ok(())) => {
+                        self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
+                        pins.iter().for_each(|r| r.set_dirty(false));
+                        result.insert(b, Durability::Durable);
+                    }
+                    Some(Err(e)) if attempt + 1 == self.cfg.write_attempts => {
+                        self.give_up(&b, &pins, e.to_string(), &mut result);
+                    }
+                    _ => again.push((b, pins)),
                 }
-                Err(e) => last = e.to_string(),
             }
+            todo = again;
         }
+        blocks
+            .iter()
+            .map(|b| (*b, result.remove(b).unwrap_or(Durability::Incomplete)))
+            .collect()
+    }
+
+    fn give_up(
+        &self,
+        b: &BlockId,
+        pins: &[SlotRef<'_>],
+        why: String,
+        result: &mut HashMap<BlockId, Durability>,
+    ) {
         self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
         // Given up: the shards stay servable from the pool but may be evicted.
         pins.iter().for_each(|r| r.set_dirty(false));
@@ -652,8 +716,8 @@ impl<D: Device> Inner<D> {
         }
         f.push_back(DumpFailure {
             block: *b,
-            error: last.clone(),
+            error: why.clone(),
         });
-        Durability::Failed(last)
+        result.insert(*b, Durability::Failed(why));
     }
 }

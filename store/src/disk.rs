@@ -106,6 +106,9 @@ pub struct DiskTier {
     gc_lock: Mutex<()>,
 }
 
+/// One block's reads as they completed: (bytes, buffer), header first.
+type Parts = Vec<(usize, Option<IoBuf>)>;
+
 fn hex(id: &BlockId) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -265,124 +268,234 @@ impl DiskTier {
     }
 
     /// Writes block `id` with all its shards (in shard order), crash-safely:
-    /// temporary file, fsync, rename, directory fsync. Returns the buffers.
-    /// On any failure nothing becomes visible and the error says why.
-    pub fn write_block(&self, id: &BlockId, shards: Vec<IoBuf>) -> Result<Vec<IoBuf>> {
-        let g = self.cfg.geometry;
-        if shards.len() != g.shards_per_block as usize
-            || shards.iter().any(|s| s.len() != g.shard_bytes)
-        {
-            return Err(StoreError::Config(format!(
-                "a block needs {} shards of {} bytes",
-                g.shards_per_block, g.shard_bytes
-            )));
-        }
-        let tmp = self.cfg.dir.join("tmp").join(format!(
-            "{}.{}.{}.tmp",
-            hex(id),
-            std::process::id(),
-            self.nonce.fetch_add(1, Ordering::Relaxed)
-        ));
-        let result = self.write_tmp(id, &tmp, shards).and_then(|bufs| {
-            let dst = self.path_of(id);
-            let parent = dst.parent().unwrap_or(&self.cfg.dir).to_path_buf();
-            mkdir(&parent)?;
-            fs::rename(&tmp, &dst).map_err(StoreError::fs("rename", &dst))?;
-            fs::File::open(&parent)
-                .and_then(|d| d.sync_all())
-                .map_err(StoreError::fs("fsync directory", &parent))?;
-            Ok(bufs)
-        });
-        match &result {
-            Ok(_) => {
-                self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                log::warn!("block {} not written: {e}", hex(id));
-            }
-        }
-        result
+    /// temporary file, fsync, rename, directory fsync. On any failure
+    /// nothing becomes visible and the error says why.
+    pub fn write_block(&self, id: &BlockId, shards: Vec<IoBuf>) -> Result<()> {
+        let mut r = self.write_blocks(vec![(*id, shards)]);
+        r.pop().map_or(Ok(()), |(_, r)| r)
     }
 
-    fn write_tmp(&self, id: &BlockId, tmp: &Path, shards: Vec<IoBuf>) -> Result<Vec<IoBuf>> {
-        let file = Arc::new(IoFile::open(
-            tmp,
-            OpenOptions {
+    /// Writes many blocks at once: every block's writes go to the engine in
+    /// one batch, then their fsyncs in one batch, then the renames, then one
+    /// fsync per directory touched. Each block succeeds or fails alone, with
+    /// the guarantees of [`DiskTier::write_block`].
+    pub fn write_blocks(&self, blocks: Vec<(BlockId, Vec<IoBuf>)>) -> Vec<(BlockId, Result<()>)> {
+        let g = self.cfg.geometry;
+        let sb = g.shard_bytes as u64;
+        struct Pending {
+            id: BlockId,
+            tmp: PathBuf,
+            file: Option<Arc<IoFile>>,
+            err: Option<StoreError>,
+        }
+        let mut pending: Vec<Pending> = Vec::with_capacity(blocks.len());
+        let mut reqs = Vec::new();
+        let mut owner = Vec::new(); // request -> pending index
+        for (id, shards) in blocks {
+            let tmp = self.cfg.dir.join("tmp").join(format!(
+                "{}.{}.{}.tmp",
+                hex(&id),
+                std::process::id(),
+                self.nonce.fetch_add(1, Ordering::Relaxed)
+            ));
+            let mut p = Pending {
+                id,
+                tmp,
+                file: None,
+                err: None,
+            };
+            if shards.len() != g.shards_per_block as usize
+                || shards.iter().any(|s| s.len() != g.shard_bytes)
+            {
+                p.err = Some(StoreError::Config(format!(
+                    "a block needs {} shards of {} bytes",
+                    g.shards_per_block, g.shard_bytes
+                )));
+                pending.push(p);
+                continue;
+            }
+            let opts = OpenOptions {
                 write: true,
                 create: true,
                 truncate: true,
                 direct: true,
-            },
-        )?);
-        let header = self.header(id, &shards);
-        let mut reqs = vec![IoRequest::write(Arc::clone(&file), 0, header)];
-        let sb = self.cfg.geometry.shard_bytes as u64;
-        for (i, s) in shards.into_iter().enumerate() {
-            reqs.push(IoRequest::write(
-                Arc::clone(&file),
-                self.header_bytes as u64 + i as u64 * sb,
-                s,
-            ));
-        }
-        // Every write must succeed: collect all outcomes, first error wins.
-        let mut first_err = None;
-        let mut bufs = Vec::new();
-        for (i, t) in self.engine.submit(reqs).into_iter().enumerate() {
-            let out = t.wait();
-            if let Err(e) = out.result {
-                first_err.get_or_insert(e);
+            };
+            match IoFile::open(&p.tmp, opts) {
+                Err(e) => p.err = Some(e.into()),
+                Ok(f) => {
+                    let f = Arc::new(f);
+                    let i = pending.len();
+                    reqs.push(IoRequest::write(
+                        Arc::clone(&f),
+                        0,
+                        self.header(&id, &shards),
+                    ));
+                    owner.push(i);
+                    for (k, s) in shards.into_iter().enumerate() {
+                        reqs.push(IoRequest::write(
+                            Arc::clone(&f),
+                            self.header_bytes as u64 + k as u64 * sb,
+                            s,
+                        ));
+                        owner.push(i);
+                    }
+                    p.file = Some(f);
+                }
             }
-            if i > 0 {
-                if let Some(b) = out.buf {
-                    bufs.push(b);
+            pending.push(p);
+        }
+        // Every write must succeed; the first error of a block wins.
+        for (t, &i) in self.engine.submit(reqs).into_iter().zip(&owner) {
+            if let Err(e) = t.wait().result {
+                pending[i].err.get_or_insert(e.into());
+            }
+        }
+        let syncs: Vec<(usize, IoRequest)> = pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.err.is_none())
+            .filter_map(|(i, p)| {
+                p.file
+                    .as_ref()
+                    .map(|f| (i, IoRequest::fsync(Arc::clone(f))))
+            })
+            .collect();
+        let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = syncs.into_iter().unzip();
+        for (t, i) in self.engine.submit(reqs).into_iter().zip(idx) {
+            if let Err(e) = t.wait().result {
+                pending[i].err.get_or_insert(e.into());
+            }
+        }
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for p in pending.iter_mut().filter(|p| p.err.is_none()) {
+            p.file = None;
+            let dst = self.path_of(&p.id);
+            let parent = dst.parent().unwrap_or(&self.cfg.dir).to_path_buf();
+            let moved = mkdir(&parent)
+                .and_then(|_| fs::rename(&p.tmp, &dst).map_err(StoreError::fs("rename", &dst)));
+            match moved {
+                Ok(()) if !dirs.contains(&parent) => dirs.push(parent),
+                Ok(()) => {}
+                Err(e) => p.err = Some(e),
+            }
+        }
+        for d in &dirs {
+            if let Err(e) = fs::File::open(d).and_then(|f| f.sync_all()) {
+                // The files are complete and valid; their durability is not.
+                for p in pending.iter_mut().filter(|p| p.err.is_none()) {
+                    if self.path_of(&p.id).parent() == Some(d.as_path()) {
+                        p.err = Some(StoreError::fs("fsync directory", d)(std::io::Error::new(
+                            e.kind(),
+                            e.to_string(),
+                        )));
+                    }
                 }
             }
         }
-        if let Some(e) = first_err {
-            return Err(e.into());
-        }
-        let mut t = self.engine.submit(vec![IoRequest::fsync(file)]);
-        if let Some(t) = t.pop() {
-            t.wait().result?;
-        }
-        Ok(bufs)
+        pending
+            .into_iter()
+            .map(|p| {
+                let r = match p.err {
+                    None => {
+                        self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
+                        Ok(())
+                    }
+                    Some(e) => {
+                        let _ = fs::remove_file(&p.tmp);
+                        self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
+                        log::warn!("block {} not written: {e}", hex(&p.id));
+                        Err(e)
+                    }
+                };
+                (p.id, r)
+            })
+            .collect()
     }
 
     /// Reads `shards` of block `id`. `Ok(None)` is a miss: the block is
     /// absent, or a checksum failed (then its file is removed). An I/O
     /// error is an error: the caller reports the block as failed.
     pub fn read_shards(&self, id: &BlockId, shards: &[u32]) -> Result<Option<Vec<IoBuf>>> {
-        for &s in shards {
-            self.cfg.geometry.check_shard(s)?;
-        }
-        let path = self.path_of(id);
-        let file = match IoFile::open(&path, OpenOptions::read_only()) {
-            Ok(f) => Arc::new(f),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
         let sb = self.cfg.geometry.shard_bytes;
-        let mut reqs = vec![IoRequest::read(
-            Arc::clone(&file),
-            0,
-            IoBuf::new(self.header_bytes),
-        )];
-        for &s in shards {
-            reqs.push(IoRequest::read(
-                Arc::clone(&file),
-                self.header_bytes as u64 + u64::from(s) * sb as u64,
-                IoBuf::new(sb),
-            ));
+        let bufs = shards.iter().map(|&s| (s, IoBuf::new(sb))).collect();
+        let mut r = self.read_many(vec![(*id, bufs)]);
+        r.pop().unwrap_or(Ok(None))
+    }
+
+    /// Reads the given shards of many blocks in one engine batch, into the
+    /// buffers given with them (of one shard each; e.g. pool slots); one
+    /// outcome per request, as [`DiskTier::read_shards`].
+    pub fn read_many(
+        &self,
+        reqs: Vec<(BlockId, Vec<(u32, IoBuf)>)>,
+    ) -> Vec<Result<Option<Vec<IoBuf>>>> {
+        let sb = self.cfg.geometry.shard_bytes;
+        let mut out: Vec<Option<Result<Option<Vec<IoBuf>>>>> = Vec::with_capacity(reqs.len());
+        let mut ios = Vec::new();
+        let mut owner = Vec::new();
+        let mut shard_lists = Vec::with_capacity(reqs.len());
+        for (i, (id, shards)) in reqs.into_iter().enumerate() {
+            shard_lists.push((id, shards.iter().map(|(s, _)| *s).collect::<Vec<u32>>()));
+            let bad = shards.iter().find_map(|(s, b)| {
+                self.cfg.geometry.check_shard(*s).err().or_else(|| {
+                    (b.len() != sb)
+                        .then(|| StoreError::Config(format!("a shard buffer must hold {sb} bytes")))
+                })
+            });
+            if let Some(bad) = bad {
+                out.push(Some(Err(bad)));
+                continue;
+            }
+            let path = self.path_of(&id);
+            match IoFile::open(&path, OpenOptions::read_only()) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => out.push(Some(Ok(None))),
+                Err(e) => out.push(Some(Err(e.into()))),
+                Ok(f) => {
+                    let f = Arc::new(f);
+                    ios.push(IoRequest::read(
+                        Arc::clone(&f),
+                        0,
+                        IoBuf::new(self.header_bytes),
+                    ));
+                    owner.push(i);
+                    for (s, buf) in shards {
+                        ios.push(IoRequest::read(
+                            Arc::clone(&f),
+                            self.header_bytes as u64 + u64::from(s) * sb as u64,
+                            buf,
+                        ));
+                        owner.push(i);
+                    }
+                    out.push(None);
+                }
+            }
         }
-        let mut outs = Vec::with_capacity(reqs.len());
-        for t in self.engine.submit(reqs) {
-            let out = t.wait();
-            let n = out.result?;
-            outs.push((n, out.buf));
+        // Outcomes per request: (bytes, buffer) in submission order, or the error.
+        let mut got: Vec<Result<Parts>> = (0..shard_lists.len()).map(|_| Ok(Vec::new())).collect();
+        for (t, &i) in self.engine.submit(ios).into_iter().zip(&owner) {
+            let o = t.wait();
+            if let Ok(v) = &mut got[i] {
+                match o.result {
+                    Ok(n) => v.push((n, o.buf)),
+                    Err(e) => got[i] = Err(e.into()),
+                }
+            }
         }
-        let mut it = outs.into_iter();
+        out.into_iter()
+            .zip(got)
+            .zip(shard_lists)
+            .map(|((done, got), (id, shards))| match done {
+                Some(r) => r,
+                None => got.and_then(|parts| self.verify(&id, &shards, parts)),
+            })
+            .collect()
+    }
+
+    /// Checks one block's header and shards as read.
+    fn verify(&self, id: &BlockId, shards: &[u32], parts: Parts) -> Result<Option<Vec<IoBuf>>> {
+        let sb = self.cfg.geometry.shard_bytes;
+        let path = self.path_of(id);
+        let mut it = parts.into_iter();
         let header_ok = it.next().and_then(|(n, b)| {
             let b = b?;
             (n == self.header_bytes).then(|| self.parse_header(id, b.as_slice()))?

@@ -30,6 +30,8 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
+use std::ptr::NonNull;
+use ucm_device::IoBuf;
 
 use crate::error::{Result, StoreError};
 use crate::geometry::BlockId;
@@ -255,6 +257,7 @@ impl ClockPool {
                 let map = MmapRaw::from(
                     memmap2::MmapOptions::new()
                         .len(total)
+                        .populate()
                         .map_anon()
                         .map_err(StoreError::fs("map anonymous pool", "<anonymous>"))?,
                 );
@@ -345,7 +348,11 @@ impl ClockPool {
             }
             Err(e) => return Err(StoreError::fs("create shared pool", &path)(e)),
         };
-        let map = MmapRaw::map_raw(&file).map_err(StoreError::fs("map shared pool", &path))?;
+        // Populated up front: first-touch page faults stay off the data path.
+        let map = memmap2::MmapOptions::new()
+            .populate()
+            .map_raw(&file)
+            .map_err(StoreError::fs("map shared pool", &path))?;
         Ok((map, path, created))
     }
 
@@ -437,6 +444,16 @@ impl ClockPool {
         // SAFETY: `data_off` lies inside the mapping.
         let p = unsafe { self.map.as_mut_ptr().add(self.data_off) };
         (p, self.cfg.slots * self.cfg.shard_bytes)
+    }
+
+    /// Registers the data area with `dev` (pinned, DMA-able) and returns it
+    /// as one region; slot `i` is at offset [`ClockPool::data_at`]`(i)`.
+    /// The returned handle must be dropped before the pool.
+    pub fn register<D: ucm_device::Device>(&self, dev: &D) -> Result<ucm_device::Memory> {
+        let (base, len) = self.data_region();
+        // SAFETY: the data area is mapped, writable, for the pool's lifetime;
+        // the caller drops the handle before the pool (documented above).
+        Ok(unsafe { dev.register_host(base, len) }?)
     }
 
     /// The shared-memory file, if shared.
@@ -727,6 +744,16 @@ impl SlotRef<'_> {
         self.slot
     }
 
+    /// An I/O buffer over the slot, for a disk write straight from the pool.
+    /// The buffer must be dropped (its write finished) before this pin.
+    pub fn io_buf(&self) -> IoBuf {
+        let data = self.data();
+        let p = NonNull::from(data).cast::<u8>();
+        // SAFETY: the slot is pinned READY while `self` lives and the caller
+        // finishes the write first; a write only reads the buffer.
+        unsafe { IoBuf::external(p, data.len()) }.unwrap_or_else(|_| IoBuf::from_slice(data))
+    }
+
     /// Marks the slot dumped-but-not-on-disk (`true`) or clean (`false`).
     pub fn set_dirty(&self, dirty: bool) {
         let m = self.pool.meta(self.slot);
@@ -773,6 +800,17 @@ impl<'a> LoadGuard<'a> {
                 self.pool.cfg.shard_bytes,
             )
         }
+    }
+
+    /// An I/O buffer over the slot, to read from disk straight into it. The
+    /// read must finish before the guard completes or fails.
+    pub fn io_buf(&mut self) -> IoBuf {
+        let data = self.data_mut();
+        let len = data.len();
+        let p = NonNull::from(data).cast::<u8>();
+        // SAFETY: the slot is LOADING and this guard is its only writer; the
+        // caller finishes the read before completing or failing the guard.
+        unsafe { IoBuf::external(p, len) }.unwrap_or_else(|_| IoBuf::new(len))
     }
 
     /// Publishes the slot as READY, wakes the waiters, and keeps the

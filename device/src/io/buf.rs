@@ -21,9 +21,12 @@ pub struct IoBuf {
     layout: Layout,
     start: usize,
     len: usize,
+    /// False for [`IoBuf::external`] buffers: memory someone else owns.
+    owned: bool,
 }
 
-// SAFETY: `IoBuf` owns its allocation exclusively, like a `Vec<u8>`.
+// SAFETY: `IoBuf` owns its allocation exclusively, like a `Vec<u8>` (an
+// external buffer's creator promised the same for its lifetime).
 unsafe impl Send for IoBuf {}
 // SAFETY: shared access only reads through `&self`, like a `Vec<u8>`.
 unsafe impl Sync for IoBuf {}
@@ -66,6 +69,28 @@ impl IoBuf {
             layout,
             start: 0,
             len,
+            owned: true,
+        })
+    }
+
+    /// Wraps memory owned elsewhere (a slot of a shared-memory pool), so
+    /// I/O goes straight to or from it with no copy. Dropping the buffer
+    /// frees nothing.
+    ///
+    /// # Safety
+    /// 1. `ptr` is valid for reads and writes of `len` bytes.
+    /// 2. The memory stays valid, and is not used in conflicting ways by
+    ///    others, until this buffer and every operation on it are finished.
+    pub unsafe fn external(ptr: NonNull<u8>, len: usize) -> Result<Self> {
+        let layout = Layout::from_size_align(len.max(1), 1).map_err(|e| {
+            DeviceError::InvalidArgument(format!("external buffer of {len} bytes: {e}"))
+        })?;
+        Ok(IoBuf {
+            ptr,
+            layout,
+            start: 0,
+            len,
+            owned: false,
         })
     }
 
@@ -160,8 +185,10 @@ impl IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `with_alignment` with exactly this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        if self.owned {
+            // SAFETY: allocated in `with_alignment` with exactly this layout.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+        }
     }
 }
 
@@ -175,6 +202,18 @@ mod tests {
         assert_eq!(b.as_ptr() as usize % DIRECT_IO_ALIGN, 0);
         assert!(b.as_slice().iter().all(|&x| x == 0));
         b.check_direct().unwrap();
+    }
+
+    #[test]
+    fn external_buffers_alias_memory_and_free_nothing() {
+        let mut backing = IoBuf::new(8192);
+        let p = NonNull::new(backing.as_mut_ptr()).unwrap();
+        // SAFETY: `backing` outlives `ext`, and nothing else uses it meanwhile.
+        let mut ext = unsafe { IoBuf::external(p, 8192) }.unwrap();
+        ext.as_mut_slice()[..4].copy_from_slice(b"ucm!");
+        ext.check_direct().unwrap();
+        drop(ext);
+        assert_eq!(&backing.as_slice()[..4], b"ucm!");
     }
 
     #[test]
