@@ -407,6 +407,12 @@ impl<D: Device> Inner<D> {
             || self.disk.exists(id)
     }
 
+    /// Queues `runs` on `stream` as one batch and waits for them.
+    fn copy_and_wait(&self, stream: &D::Stream, runs: &[CopyRun<'_>]) -> ucm_device::Result<()> {
+        self.dev.copy_batch_async(stream, runs)?;
+        self.dev.synchronize_stream(stream)
+    }
+
     fn fail_item(&self, why: impl Into<String>) -> ItemOutcome {
         self.stats.failed_items.fetch_add(1, Ordering::Relaxed);
         ItemOutcome::Failed(why.into())
@@ -510,10 +516,7 @@ impl<D: Device> Inner<D> {
                     )
                 })
                 .collect();
-            let copied = self
-                .dev
-                .copy_batch_async(stream, &copy)
-                .and_then(|_| self.dev.synchronize_stream(stream));
+            let copied = self.copy_and_wait(stream, &copy);
             drop(pins);
             if let Err(e) = copied {
                 for &(i, _) in &runs {
@@ -605,10 +608,7 @@ impl<D: Device> Inner<D> {
                     )
                 })
                 .collect();
-            let copied = self
-                .dev
-                .copy_batch_async(stream, &copy)
-                .and_then(|_| self.dev.synchronize_stream(stream));
+            let copied = self.copy_and_wait(stream, &copy);
             for (i, g) in guards {
                 match &copied {
                     Ok(()) => {

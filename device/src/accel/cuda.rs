@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext};
 
-use super::sticky::{host_trampoline, EventMark, HostCall, StreamState};
+use super::sticky::{host_trampoline, same_device, EventMark, HostCall, StreamState};
 use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 
@@ -346,23 +346,11 @@ impl CudaDevice {
     }
 
     fn check_stream(&self, s: &CudaStream) -> Result<()> {
-        if Arc::ptr_eq(&s.ctx, &self.ctx) {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(
-                "stream belongs to another device".into(),
-            ))
-        }
+        same_device(&self.ctx, &s.ctx, "stream")
     }
 
     fn check_event(&self, e: &CudaEvent) -> Result<()> {
-        if Arc::ptr_eq(&e.ctx, &self.ctx) {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(
-                "event belongs to another device".into(),
-            ))
-        }
+        same_device(&self.ctx, &e.ctx, "event")
     }
 
     fn memory(&self, kind: MemKind, addr: u64, len: usize, alloc: Option<AllocKind>) -> Memory {

@@ -13,7 +13,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::HostFn;
-use crate::error::DeviceError;
+use crate::error::{DeviceError, Result};
+
+/// Refuses a handle (`what`: "stream", "event") made by another device:
+/// both must hold the same shared context.
+pub(crate) fn same_device<T>(mine: &Arc<T>, theirs: &Arc<T>, what: &str) -> Result<()> {
+    if Arc::ptr_eq(mine, theirs) {
+        Ok(())
+    } else {
+        Err(DeviceError::InvalidArgument(format!(
+            "{what} belongs to another device"
+        )))
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use super::sticky::{host_trampoline, EventMark, HostCall, StreamState};
+use super::sticky::{host_trampoline, same_device, EventMark, HostCall, StreamState};
 use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 use sys::AclLib;
@@ -414,23 +414,11 @@ impl AscendDevice {
     }
 
     fn check_stream(&self, s: &AscendStream) -> Result<()> {
-        if Arc::ptr_eq(&s.ctx, &self.ctx) {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(
-                "stream belongs to another device".into(),
-            ))
-        }
+        same_device(&self.ctx, &s.ctx, "stream")
     }
 
     fn check_event(&self, e: &AscendEvent) -> Result<()> {
-        if Arc::ptr_eq(&e.ctx, &self.ctx) {
-            Ok(())
-        } else {
-            Err(DeviceError::InvalidArgument(
-                "event belongs to another device".into(),
-            ))
-        }
+        same_device(&self.ctx, &e.ctx, "event")
     }
 
     fn memory(
