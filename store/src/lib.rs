@@ -1,12 +1,15 @@
 //! # ucm-store: the store kernel and the two storage primitives
 //!
-//! This crate holds the store kernel: today the crash-safe disk tier
-//! ([`disk::DiskTier`]) and the instance [`Geometry`]. The BlockStore
-//! (content-addressed, prefix-chained K/V blocks), the SnapshotStore
-//! (position-keyed recurrent-state checkpoints, copy-on-write) and the
-//! shared-memory `ClockPool` build on it, generic over the HAL's
-//! [`Device`](ucm_device::Device) and [`IoEngine`](ucm_device::IoEngine)
-//! traits.
+//! - [`disk::DiskTier`]: one crash-safe file per block, checksummed, with
+//!   precise GC; presence always asked of the file system.
+//! - [`pool::ClockPool`]: the memory tier, private or in POSIX shared memory
+//!   for several rank processes, with lock-free hits and CLOCK eviction.
+//! - [`block::TieredBlockStore`]: the [`BlockStore`] over both, generic over
+//!   the HAL's [`Device`](ucm_device::Device) and
+//!   [`IoEngine`](ucm_device::IoEngine).
+//!
+//! The SnapshotStore (position-keyed recurrent-state checkpoints,
+//! copy-on-write) is still to come.
 //!
 //! Red line: the store never sees tokens, models or sessions. It receives
 //! `(block id, shard)` keys and device addresses.
