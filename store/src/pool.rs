@@ -433,7 +433,7 @@ impl ClockPool {
         self.cfg.shard_bytes
     }
 
-    /// Offset of slot `slot`'s data from [`ClockPool::data_base`].
+    /// Offset of slot `slot`'s data in the data area ([`ClockPool::data_region`]).
     pub fn data_at(&self, slot: usize) -> usize {
         slot * self.cfg.shard_bytes
     }
