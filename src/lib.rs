@@ -11,7 +11,7 @@
 //! - [`ffi`]: the C ABI and the Python module.
 //!
 //! and holds what the `ucm` command line reports and measures ([`info`],
-//! [`bench`]).
+//! [`bench`](mod@bench)).
 
 #![deny(missing_docs)]
 
