@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::{sys, CudaContext};
 
-use super::sticky::{host_trampoline, same_device, EventMark, HostCall, StreamState};
+use super::sticky::{
+    at_run, batch_attributes, host_trampoline, same_device, EventMark, HostCall, StreamState,
+};
 use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 
@@ -507,11 +509,7 @@ impl Device for CudaDevice {
 
     fn copy_batch_async(&self, stream: &CudaStream, runs: &[CopyRun<'_>]) -> Result<()> {
         self.check_stream(stream)?;
-        let kinds = runs
-            .iter()
-            .map(|r| r.validate(self.id, 1))
-            .collect::<Result<Vec<_>>>()?;
-        let runs: Vec<_> = runs.iter().zip(kinds).filter(|(r, _)| r.len > 0).collect();
+        let runs = CopyRun::validate_batch(runs, self.id, 1)?;
         if runs.is_empty() {
             return Ok(());
         }
@@ -528,26 +526,12 @@ impl Device for CudaDevice {
                 .map(|(r, _)| r.src.addr() + r.src_offset as u64)
                 .collect();
             let mut sizes: Vec<usize> = runs.iter().map(|(r, _)| r.len).collect();
-            let mut attrs: Vec<sys::CUmemcpyAttributes> = Vec::new();
-            let mut attr_of: Vec<CopyKind> = Vec::new();
-            let mut idx = Vec::with_capacity(runs.len());
-            for (r, k) in &runs {
-                let i = match attr_of.iter().position(|x| x == k) {
-                    Some(i) => i,
-                    None => {
-                        attr_of.push(*k);
-                        attrs.push(sys::CUmemcpyAttributes {
-                            srcAccessOrder:
-                                sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-                            srcLocHint: location(r.src.kind(), ordinal),
-                            dstLocHint: location(r.dst.kind(), ordinal),
-                            flags: 0,
-                        });
-                        attrs.len() - 1
-                    }
-                };
-                idx.push(i);
-            }
+            let (mut attrs, mut idx) = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
+                srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                srcLocHint: location(r.src.kind(), ordinal),
+                dstLocHint: location(r.dst.kind(), ordinal),
+                flags: 0,
+            });
             for _ in &runs {
                 stream.state.next();
             }
@@ -569,14 +553,7 @@ impl Device for CudaDevice {
                 )
             }
             .result()
-            .map_err(|e| match drv("cuMemcpyBatchAsync")(e) {
-                DeviceError::Driver { api, code, message } => DeviceError::Driver {
-                    api,
-                    code,
-                    message: format!("{message} (run {fail})"),
-                },
-                other => other,
-            });
+            .map_err(|e| at_run(drv("cuMemcpyBatchAsync")(e), fail));
         }
         for (r, k) in runs {
             stream.state.next();

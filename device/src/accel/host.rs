@@ -105,18 +105,16 @@ impl HostDevice {
     }
 
     fn validate_runs(&self, runs: &[CopyRun<'_>]) -> Result<Vec<OwnedRun>> {
-        runs.iter()
-            .map(|r| {
-                r.validate(self.id, self.copy_align)?;
-                Ok(OwnedRun {
-                    dst: r.dst.clone(),
-                    dst_offset: r.dst_offset,
-                    src: r.src.clone(),
-                    src_offset: r.src_offset,
-                    len: r.len,
-                })
+        Ok(CopyRun::validate_batch(runs, self.id, self.copy_align)?
+            .into_iter()
+            .map(|(r, _)| OwnedRun {
+                dst: r.dst.clone(),
+                dst_offset: r.dst_offset,
+                src: r.src.clone(),
+                src_offset: r.src_offset,
+                len: r.len,
             })
-            .collect()
+            .collect())
     }
 }
 

@@ -289,6 +289,21 @@ impl<'a> CopyRun<'a> {
         }
         Ok(kind)
     }
+
+    /// Validates every run of a batch before any is queued (a bad run
+    /// rejects the whole batch); returns the non-empty runs with their
+    /// directions.
+    pub fn validate_batch<'r>(
+        runs: &'r [CopyRun<'a>],
+        device: DeviceId,
+        align: usize,
+    ) -> Result<Vec<(&'r CopyRun<'a>, CopyKind)>> {
+        let kinds = runs
+            .iter()
+            .map(|r| r.validate(device, align))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(runs.iter().zip(kinds).filter(|(r, _)| r.len > 0).collect())
+    }
 }
 
 /// Host work queued on a stream. Its error poisons the stream.

@@ -12,7 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::HostFn;
+use super::{CopyKind, CopyRun, HostFn};
 use crate::error::{DeviceError, Result};
 
 /// Refuses a handle (`what`: "stream", "event") made by another device:
@@ -29,6 +29,39 @@ pub(crate) fn same_device<T>(mine: &Arc<T>, theirs: &Arc<T>, what: &str) -> Resu
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The attribute table of a batch-copy API (one entry per direction in the
+/// batch, built by `make` from its first run) and each run's index into it.
+pub(crate) fn batch_attributes<A>(
+    runs: &[(&CopyRun<'_>, CopyKind)],
+    make: impl Fn(&CopyRun<'_>) -> A,
+) -> (Vec<A>, Vec<usize>) {
+    let mut attrs = Vec::new();
+    let mut kinds: Vec<CopyKind> = Vec::new();
+    let idx = runs
+        .iter()
+        .map(|(r, k)| {
+            kinds.iter().position(|x| x == k).unwrap_or_else(|| {
+                kinds.push(*k);
+                attrs.push(make(r));
+                attrs.len() - 1
+            })
+        })
+        .collect();
+    (attrs, idx)
+}
+
+/// Names the failing run of a batch in a driver error's message.
+pub(crate) fn at_run(e: DeviceError, run: usize) -> DeviceError {
+    match e {
+        DeviceError::Driver { api, code, message } => DeviceError::Driver {
+            api,
+            code,
+            message: format!("{message} (run {run})"),
+        },
+        other => other,
+    }
 }
 
 /// One stream's positions, failure and waits.

@@ -28,7 +28,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use super::sticky::{host_trampoline, same_device, EventMark, HostCall, StreamState};
+use super::sticky::{
+    batch_attributes, host_trampoline, same_device, EventMark, HostCall, StreamState,
+};
 use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 use sys::AclLib;
@@ -557,11 +559,7 @@ impl Device for AscendDevice {
 
     fn copy_batch_async(&self, stream: &AscendStream, runs: &[CopyRun<'_>]) -> Result<()> {
         self.check_stream(stream)?;
-        let kinds = runs
-            .iter()
-            .map(|r| r.validate(self.id, ACL_COPY_ALIGN))
-            .collect::<Result<Vec<_>>>()?;
-        let runs: Vec<_> = runs.iter().zip(kinds).filter(|(r, _)| r.len > 0).collect();
+        let runs = CopyRun::validate_batch(runs, self.id, ACL_COPY_ALIGN)?;
         if runs.is_empty() {
             return Ok(());
         }
@@ -569,32 +567,24 @@ impl Device for AscendDevice {
         let lib = self.ctx.lib();
         let addr = |m: &Memory, off: usize| (m.addr() as usize + off) as *mut c_void;
         if runs.len() > 1 && self.batch_api() {
-            let mut dsts = Vec::with_capacity(runs.len());
-            let mut maxs = Vec::with_capacity(runs.len());
-            let mut srcs = Vec::with_capacity(runs.len());
-            let mut sizes = Vec::with_capacity(runs.len());
-            let mut idx = Vec::with_capacity(runs.len());
-            let mut attrs: Vec<sys::aclrtMemcpyBatchAttr> = Vec::new();
-            let mut attr_of: Vec<CopyKind> = Vec::new();
-            for (r, k) in &runs {
-                dsts.push(addr(r.dst, r.dst_offset));
-                maxs.push(r.dst.len() - r.dst_offset);
-                srcs.push(addr(r.src, r.src_offset));
-                sizes.push(r.len);
-                let i = match attr_of.iter().position(|x| x == k) {
-                    Some(i) => i,
-                    None => {
-                        attr_of.push(*k);
-                        attrs.push(sys::aclrtMemcpyBatchAttr {
-                            dstLoc: location(r.dst.kind(), self.ctx.device),
-                            srcLoc: location(r.src.kind(), self.ctx.device),
-                            ..Default::default()
-                        });
-                        attrs.len() - 1
-                    }
-                };
-                idx.push(i);
-            }
+            let mut dsts: Vec<_> = runs
+                .iter()
+                .map(|(r, _)| addr(r.dst, r.dst_offset))
+                .collect();
+            let mut maxs: Vec<_> = runs
+                .iter()
+                .map(|(r, _)| r.dst.len() - r.dst_offset)
+                .collect();
+            let mut srcs: Vec<_> = runs
+                .iter()
+                .map(|(r, _)| addr(r.src, r.src_offset))
+                .collect();
+            let mut sizes: Vec<_> = runs.iter().map(|(r, _)| r.len).collect();
+            let (mut attrs, mut idx) = batch_attributes(&runs, |r| sys::aclrtMemcpyBatchAttr {
+                dstLoc: location(r.dst.kind(), self.ctx.device),
+                srcLoc: location(r.src.kind(), self.ctx.device),
+                ..Default::default()
+            });
             for _ in &runs {
                 stream.state.next();
             }

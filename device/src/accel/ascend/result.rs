@@ -7,6 +7,7 @@
 use std::ffi::{c_void, CStr};
 
 use super::sys::{self, AclLib};
+use crate::accel::sticky::at_run;
 use crate::error::{DeviceError, Result};
 
 /// ACL error codes we name (acl_base_rt.h, CANN 8.x; checked 2026-11-29).
@@ -350,12 +351,5 @@ pub unsafe fn memcpy_batch_async(
         &mut fail_index,
         s,
     );
-    check(lib, "aclrtMemcpyBatchAsync", rc).map_err(|e| match e {
-        DeviceError::Driver { api, code, message } => DeviceError::Driver {
-            api,
-            code,
-            message: format!("{message} (run {fail_index})"),
-        },
-        other => other,
-    })
+    check(lib, "aclrtMemcpyBatchAsync", rc).map_err(|e| at_run(e, fail_index))
 }
