@@ -89,6 +89,9 @@ pub enum StoreBenchError {
     /// The device failed.
     #[error(transparent)]
     Device(#[from] ucm_device::DeviceError),
+    /// The fio baseline failed.
+    #[error(transparent)]
+    Fio(#[from] super::io::IoBenchError),
     /// Something failed that a bench cannot measure around.
     #[error("{0}")]
     Other(String),
@@ -243,25 +246,26 @@ fn run_size(
         return Err(StoreBenchError::Other(format!("dump not durable: {d:?}")));
     }
     let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-    let engine = IoEngineKind::IoUring;
+    // fio on a file of the same size in the same directory tree, with the
+    // same block size (the shard) at depth 32.
     let fio_file = root.join("fio.dat");
-    let limit = if fio {
-        super::io::lay_out(&fio_file, bytes as u64)
-            .map_err(|e| StoreBenchError::Other(e.to_string()))?;
-        Some(
-            run_fio(
-                engine,
-                &fio_file,
-                Pattern::SeqWrite,
-                shard_bytes,
-                32,
-                bytes as u64,
-            )
-            .map_err(|e| StoreBenchError::Other(e.to_string()))?,
-        )
-    } else {
-        None
+    let fio_limit = |pattern| -> Result<Option<f64>, StoreBenchError> {
+        if !fio {
+            return Ok(None);
+        }
+        Ok(Some(run_fio(
+            IoEngineKind::IoUring,
+            &fio_file,
+            pattern,
+            shard_bytes,
+            32,
+            bytes as u64,
+        )?))
     };
+    if fio {
+        super::io::lay_out(&fio_file, bytes as u64)?;
+    }
+    let limit = fio_limit(Pattern::SeqWrite)?;
     out.push(record("dump_cold", shard_bytes, ours, limit, false));
     progress(&format!("dump_cold: {ours:.3} GiB/s (fio {limit:?})"));
     drop(st);
@@ -275,21 +279,7 @@ fn run_size(
         "load_cold",
     )?;
     let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-    let limit = if fio {
-        Some(
-            run_fio(
-                engine,
-                &fio_file,
-                Pattern::SeqRead,
-                shard_bytes,
-                32,
-                bytes as u64,
-            )
-            .map_err(|e| StoreBenchError::Other(e.to_string()))?,
-        )
-    } else {
-        None
-    };
+    let limit = fio_limit(Pattern::SeqRead)?;
     let _ = std::fs::remove_file(&fio_file);
     out.push(record("load_cold", shard_bytes, ours, limit, false));
     progress(&format!("load_cold: {ours:.3} GiB/s (fio {limit:?})"));
