@@ -69,7 +69,7 @@ pub fn round_trip<D: Device>(dev: &D) -> Result<()> {
 
 /// Queues a host function that blocks `stream` until the returned sender
 /// fires (or is dropped).
-fn gate<D: Device>(dev: &D, stream: &D::Stream) -> Result<mpsc::Sender<()>> {
+pub fn gate<D: Device>(dev: &D, stream: &D::Stream) -> Result<mpsc::Sender<()>> {
     let (tx, rx) = mpsc::channel::<()>();
     dev.launch_host_fn(
         stream,

@@ -54,15 +54,7 @@ fn handles_of_another_device_are_refused() {
 fn memory_outlives_its_handle_while_a_copy_is_queued() {
     let dev = HostDevice::new();
     let s = dev.create_stream().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    dev.launch_host_fn(
-        &s,
-        Box::new(move || {
-            let _ = rx.recv();
-            Ok(())
-        }),
-    )
-    .unwrap();
+    let tx = conformance::gate(&dev, &s).unwrap();
     let out = dev.alloc_pinned(1 << 16).unwrap();
     {
         let src = dev.alloc_pinned(1 << 16).unwrap();

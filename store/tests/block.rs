@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ucm_device::conformance::pattern;
+use ucm_device::conformance::{gate, pattern};
 use ucm_device::io::faults::{self, FaultOp, FaultRule};
 use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
 use ucm_store::pool::PoolMode;
@@ -126,6 +126,14 @@ fn check_kv(dev: &HostDevice, geo: Geometry, blocks: &[u64], mem: &Memory) {
     }
 }
 
+/// A stream held back by a gate: work queued on it runs once the returned
+/// sender is dropped.
+fn gated_stream(dev: &HostDevice) -> (<HostDevice as Device>::Stream, mpsc::Sender<()>) {
+    let engine = dev.create_stream().unwrap();
+    let open = gate(dev, &engine).unwrap();
+    (engine, open)
+}
+
 fn all_ok(outs: &[(BlockId, u32, ItemOutcome)]) -> bool {
     outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok)
 }
@@ -242,16 +250,7 @@ fn a_dump_copies_only_after_its_prerequisite_event() {
     let new = device_kv(&dev, GEO, &[8]);
     // The engine's stream: a gate, then the layer's "compute" (a copy of
     // block 8's bytes into the region being saved), then the event.
-    let engine = dev.create_stream().unwrap();
-    let (open, gate) = mpsc::channel::<()>();
-    dev.launch_host_fn(
-        &engine,
-        Box::new(move || {
-            let _ = gate.recv();
-            Ok(())
-        }),
-    )
-    .unwrap();
+    let (engine, open) = gated_stream(&dev);
     dev.copy_async(&engine, &CopyRun::new(&old, 0, &new, 0, 4 * 4096))
         .unwrap();
     let ev = Arc::new(dev.create_event().unwrap());
@@ -282,16 +281,7 @@ fn a_full_queue_is_an_error_never_a_silent_drop() {
     };
     let st = store(&dev, dir.path(), GEO, 64, cfg);
     let src = device_kv(&dev, GEO, &[1]);
-    let engine = dev.create_stream().unwrap();
-    let (open, gate) = mpsc::channel::<()>();
-    dev.launch_host_fn(
-        &engine,
-        Box::new(move || {
-            let _ = gate.recv();
-            Ok(())
-        }),
-    )
-    .unwrap();
+    let (engine, open) = gated_stream(&dev);
     let ev = Arc::new(dev.create_event().unwrap());
     dev.record_event(&ev, &engine).unwrap();
     // The worker is busy with the first, the queue holds the second.
