@@ -20,7 +20,9 @@ use cudarc::driver::{sys, CudaContext};
 use super::sticky::{
     at_run, batch_attributes, host_trampoline, same_device, EventMark, HostCall, StreamState,
 };
-use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
+use super::{
+    check_alloc_len, check_region, CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory,
+};
 use crate::error::{DeviceError, Result};
 
 fn drv(api: &'static str) -> impl FnOnce(DriverError) -> DeviceError {
@@ -430,11 +432,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc_device(&self, len: usize) -> Result<Memory> {
-        if len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot allocate zero bytes".into(),
-            ));
-        }
+        check_alloc_len(len)?;
         self.ctx.bind()?;
         // SAFETY: context current on this thread.
         let p = unsafe { result::malloc_sync(len) }.map_err(drv("cuMemAlloc"))?;
@@ -442,11 +440,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<Memory> {
-        if len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot allocate zero bytes".into(),
-            ));
-        }
+        check_alloc_len(len)?;
         self.ctx.bind()?;
         // SAFETY: context current on this thread.
         let p = unsafe { result::malloc_host(len, 0) }.map_err(drv("cuMemHostAlloc"))?;
@@ -454,11 +448,7 @@ impl Device for CudaDevice {
     }
 
     unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Memory> {
-        if addr.is_null() || len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot register a null or empty host region".into(),
-            ));
-        }
+        check_region(addr.is_null(), len, "host")?;
         self.ctx.bind()?;
         // SAFETY: the caller guarantees the region (trait contract).
         unsafe { sys::cuMemHostRegister_v2(addr.cast(), len, 0) }
@@ -473,11 +463,7 @@ impl Device for CudaDevice {
     }
 
     unsafe fn import_device(&self, addr: u64, len: usize) -> Result<Memory> {
-        if addr == 0 || len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot import a null or empty device region".into(),
-            ));
-        }
+        check_region(addr == 0, len, "device")?;
         Ok(self.memory(MemKind::Device, addr, len, None))
     }
 

@@ -13,7 +13,7 @@ use std::thread;
 
 use crossbeam_channel::{unbounded, Sender};
 
-use super::{CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
+use super::{check_alloc_len, check_region, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 
 /// Alignment of host-device allocations (one page).
@@ -132,11 +132,7 @@ unsafe impl Sync for HostAlloc {}
 
 impl HostAlloc {
     fn new(len: usize) -> Result<Self> {
-        if len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot allocate zero bytes".into(),
-            ));
-        }
+        check_alloc_len(len)?;
         let layout = Layout::from_size_align(len, HOST_ALLOC_ALIGN)
             .map_err(|e| DeviceError::InvalidArgument(format!("allocation of {len} bytes: {e}")))?;
         // SAFETY: `layout` has a non-zero size.
@@ -350,11 +346,7 @@ impl Device for HostDevice {
     }
 
     unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Memory> {
-        if addr.is_null() || len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot register a null or empty host region".into(),
-            ));
-        }
+        check_region(addr.is_null(), len, "host")?;
         Ok(Memory::from_parts(
             self.id,
             MemKind::Pinned,
@@ -365,11 +357,7 @@ impl Device for HostDevice {
     }
 
     unsafe fn import_device(&self, addr: u64, len: usize) -> Result<Memory> {
-        if addr == 0 || len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot import a null or empty device region".into(),
-            ));
-        }
+        check_region(addr == 0, len, "device")?;
         Ok(Memory::from_parts(
             self.id,
             MemKind::Device,

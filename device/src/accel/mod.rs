@@ -306,6 +306,28 @@ impl<'a> CopyRun<'a> {
     }
 }
 
+/// Refuses a zero-byte allocation (every backend does the same).
+pub(crate) fn check_alloc_len(len: usize) -> Result<()> {
+    if len == 0 {
+        return Err(DeviceError::InvalidArgument(
+            "cannot allocate zero bytes".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a null or empty region handed to `register_host` (`what` =
+/// "host") or `import_device` (`what` = "device").
+pub(crate) fn check_region(null: bool, len: usize, what: &str) -> Result<()> {
+    if null || len == 0 {
+        return Err(DeviceError::InvalidArgument(format!(
+            "cannot {} a null or empty {what} region",
+            if what == "host" { "register" } else { "import" }
+        )));
+    }
+    Ok(())
+}
+
 /// Host work queued on a stream. Its error poisons the stream.
 pub type HostFn = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
 

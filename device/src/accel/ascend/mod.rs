@@ -31,7 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use super::sticky::{
     batch_attributes, host_trampoline, same_device, EventMark, HostCall, StreamState,
 };
-use super::{CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
+use super::{
+    check_alloc_len, check_region, CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory,
+};
 use crate::error::{DeviceError, Result};
 use sys::AclLib;
 
@@ -482,11 +484,7 @@ impl Device for AscendDevice {
     }
 
     fn alloc_device(&self, len: usize) -> Result<Memory> {
-        if len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot allocate zero bytes".into(),
-            ));
-        }
+        check_alloc_len(len)?;
         self.ctx.bind()?;
         // SAFETY: device bound on this thread.
         let p = unsafe { result::malloc(self.ctx.lib(), len) }?;
@@ -494,11 +492,7 @@ impl Device for AscendDevice {
     }
 
     fn alloc_pinned(&self, len: usize) -> Result<Memory> {
-        if len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot allocate zero bytes".into(),
-            ));
-        }
+        check_alloc_len(len)?;
         self.ctx.bind()?;
         // SAFETY: device bound on this thread.
         let p = unsafe { result::malloc_host(self.ctx.lib(), len) }?;
@@ -506,11 +500,7 @@ impl Device for AscendDevice {
     }
 
     unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Memory> {
-        if addr.is_null() || len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot register a null or empty host region".into(),
-            ));
-        }
+        check_region(addr.is_null(), len, "host")?;
         self.ctx.bind()?;
         // SAFETY: the caller guarantees the region (trait contract).
         unsafe { result::host_register(self.ctx.lib(), addr.cast(), len as u64) }?;
@@ -523,11 +513,7 @@ impl Device for AscendDevice {
     }
 
     unsafe fn import_device(&self, addr: u64, len: usize) -> Result<Memory> {
-        if addr == 0 || len == 0 {
-            return Err(DeviceError::InvalidArgument(
-                "cannot import a null or empty device region".into(),
-            ));
-        }
+        check_region(addr == 0, len, "device")?;
         Ok(self.memory(MemKind::Device, addr as *mut c_void, len, None))
     }
 
