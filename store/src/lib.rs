@@ -21,6 +21,12 @@ pub mod disk;
 pub mod error;
 pub mod geometry;
 pub mod pool;
+mod slot;
+
+/// The atomics the slot state machine uses (loom swaps its own in).
+mod sync {
+    pub(crate) use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+}
 
 pub use block::{
     BlockStore, BlockStoreConfig, Durability, ItemOutcome, TaskHandle, TaskItem, TieredBlockStore,

@@ -23,10 +23,10 @@
 //!
 //! Red line: the pool knows keys, slots and bytes; never what a block means.
 
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
@@ -36,23 +36,7 @@ use ucm_device::IoBuf;
 use crate::error::{Result, StoreError};
 use crate::geometry::BlockId;
 
-/// Slot states (top two bits of the control word).
-const EMPTY: u32 = 0;
-const LOADING: u32 = 1;
-const READY: u32 = 2;
-const FAILED: u32 = 3;
-const STATE_SHIFT: u32 = 30;
-const REFS: u32 = (1 << STATE_SHIFT) - 1;
-
-fn ctl(state: u32, refs: u32) -> u32 {
-    (state << STATE_SHIFT) | refs
-}
-fn state_of(c: u32) -> u32 {
-    c >> STATE_SHIFT
-}
-fn refs_of(c: u32) -> u32 {
-    c & REFS
-}
+use crate::slot::{self, state_of, Claim, EMPTY, FAILED, LOADING, READY, REFS};
 
 const MAGIC: [u8; 8] = *b"UCMPOOL1";
 const VERSION: u32 = 1;
@@ -477,30 +461,12 @@ impl ClockPool {
     /// Pins `slot` if it is READY with `key`. Lock-free.
     fn try_pin(&self, slot: usize, key: &Key) -> Option<SlotRef<'_>> {
         let m = self.meta(slot);
-        let mut c = m.ctl.load(Ordering::Acquire);
-        loop {
-            if state_of(c) != READY || !self.key_matches(m, key) {
-                return None;
-            }
-            match m
-                .ctl
-                .compare_exchange_weak(c, c + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(now) => c = now,
-            }
-        }
-        // Pinned: the key cannot change now. It may have changed before.
-        if !self.key_matches(m, key) {
-            self.unpin(slot);
-            return None;
-        }
-        m.access.store(1, Ordering::Relaxed);
-        Some(SlotRef { pool: self, slot })
+        slot::try_pin(&m.ctl, &m.access, || self.key_matches(m, key))
+            .then(|| SlotRef { pool: self, slot })
     }
 
     fn unpin(&self, slot: usize) {
-        self.meta(slot).ctl.fetch_sub(1, Ordering::AcqRel);
+        slot::unpin(&self.meta(slot).ctl);
     }
 
     /// True when `key` is READY in the pool (no pin, no lock).
@@ -619,24 +585,13 @@ impl ClockPool {
         for _ in 0..2 * ways + 1 {
             let i = hand.fetch_add(1, Ordering::Relaxed) as usize % ways;
             let m = self.meta(base + i);
-            let c = m.ctl.load(Ordering::Acquire);
-            if refs_of(c) != 0 || state_of(c) == LOADING {
-                continue;
-            }
             if m.dirty.load(Ordering::Acquire) != 0
                 && now_ms().saturating_sub(m.claimed_ms.load(Ordering::Acquire))
                     < self.cfg.dirty_timeout.as_millis() as u64
             {
                 continue; // not on disk yet
             }
-            if state_of(c) == READY && m.access.swap(0, Ordering::AcqRel) != 0 {
-                continue; // second chance
-            }
-            if m.ctl
-                .compare_exchange(c, ctl(LOADING, 1), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                m.access.store(0, Ordering::Relaxed);
+            if slot::try_claim(&m.ctl, &m.access) == Claim::Claimed {
                 return Some(base + i);
             }
         }
@@ -666,10 +621,7 @@ impl ClockPool {
             if start.elapsed() >= self.cfg.load_timeout && !alive(owner) {
                 // Take the load over: one waiter wins the owner word; the
                 // dead owner's reference becomes ours.
-                if m.owner
-                    .compare_exchange(owner, my_pid(), Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
+                if slot::take_over(&m.owner, owner, my_pid()) {
                     log::warn!("pool slot {slot}: owner {owner} died mid-load; taking over");
                     m.claimed_ms.store(now_ms(), Ordering::Release);
                     return Ok(Some(Acquire::Load(LoadGuard {
@@ -693,26 +645,7 @@ impl ClockPool {
     fn publish(&self, slot: usize, state: u32, err: i32, keep_ref: bool) {
         let m = self.meta(slot);
         m.err.store(err, Ordering::Release);
-        let mut c = m.ctl.load(Ordering::Acquire);
-        loop {
-            let refs = if keep_ref {
-                refs_of(c)
-            } else {
-                refs_of(c).saturating_sub(1)
-            };
-            let next = ctl(state, refs);
-            match m
-                .ctl
-                .compare_exchange_weak(c, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(now) => c = now,
-            }
-        }
-        if state == READY {
-            m.access.store(1, Ordering::Relaxed);
-        }
-        m.version.fetch_add(1, Ordering::AcqRel);
+        slot::publish(&m.ctl, &m.access, &m.version, state, keep_ref);
         futex_wake_all(&m.version);
     }
 
