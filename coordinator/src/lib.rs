@@ -1,14 +1,25 @@
-//! # ucm-coordinator: spec table, hashing, hit resolution and the adapter
+//! # ucm-coordinator: spec table, hashing, hit resolution, checkpoints
 //!
-//! This crate will hold the decision modules (`SpecTable`, block hashing,
-//! `resolve_hit`, the checkpoint directory, retention), which never import
-//! the HAL and see stores only through a presence interface, and the
-//! `adapter` module, the only one that moves bytes.
+//! The decision modules ([`spec`], [`hash`], [`resolve`], [`directory`],
+//! [`retention`]) never import the HAL and never move bytes: they see
+//! stores only through the narrow [`resolve::Presence`] interface and the
+//! [`directory::CheckpointDirectory`]. The layerwise adapter (the only
+//! module that will move bytes) comes with the adapter issue.
 //!
-//! Red line: the decision modules never touch bytes or start transfers.
-//!
-//! Status: skeleton. The coordinator and adapter issues fill it.
+//! The hash encoding is documented byte by byte in [`hash`].
 
 #![deny(missing_docs)]
 
+pub mod directory;
+pub mod error;
+pub mod hash;
+pub mod resolve;
+pub mod retention;
+pub mod spec;
+
+pub use directory::CheckpointDirectory;
+pub use error::{CoordError, Result};
+pub use hash::{Deployment, RequestHashes, RequestKeys};
+pub use resolve::{resolve_hit, Checkpoints, Presence, Resolution};
+pub use spec::{AccessUnit, Group, Kind, RankRule, RetentionPolicy, SpecTable};
 pub use ucm_store as store;

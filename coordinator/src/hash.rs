@@ -1,0 +1,204 @@
+//! Block hashing: the scheme of DESIGN.md section 3, byte for byte.
+//!
+//! All integers are little-endian; `||` is concatenation; md5 is RFC 1321
+//! (the `md-5` crate). For a spec table `S`, a deployment with `tp_size`
+//! ranks, and a request:
+//!
+//! ```text
+//! meta(r)       = UTF-8 of "{S.model}:{tp_size}:{S.dtype}:{r}{S.spec_info}{S.sparse_info}"
+//!                 r = 0 for all_union groups, the rank for intersection groups
+//! seed[g](r)    = md5(meta(r) || 0x00 || UTF-8 name of g || 0x00 || UTF-8 cache_salt)
+//!                 (no salt: the empty string; sidecars use their source's name)
+//! extra         = for each extra key k, in order: (len(k) as u32) || k
+//! id[g][0]      = md5(seed[g] || tokens[0 .. b) as u32 each || extra)
+//! id[g][i]      = md5(id[g][i-1] || tokens[i*b .. (i+1)*b) as u32 each || extra)
+//!                 b = the block size (chain) or hash block (snapshot); full
+//!                 blocks only
+//! H[s](p)       = md5(c || tokens[(p / hb) * hb .. p) as u32 each || p as u64)
+//!                 c = id[s][p / hb - 1], or seed[s] when p < hb
+//! ```
+//!
+//! Every id is 16 bytes. `coordinator/tests/golden/hash-vectors.json` holds
+//! ids for a fixed token sequence so that any binding can check it computes
+//! the same ones (`cargo test -p ucm-coordinator --test golden`).
+
+use md5::{Digest, Md5};
+
+use crate::error::{CoordError, Result};
+use crate::spec::{Group, Kind, RankRule, SpecTable};
+
+/// A 16-byte id (block id, group seed or checkpoint hash).
+pub type Id = [u8; 16];
+
+/// What of a request determines its ids besides the tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestKeys {
+    /// Tenant isolation salt (none: the empty string).
+    pub cache_salt: Option<String>,
+    /// Extra keys (multimodal input hashes, LoRA id), in order.
+    pub extra_keys: Vec<Vec<u8>>,
+}
+
+/// Where the hashes are computed: the deployment's TP size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deployment {
+    /// Tensor-parallel ranks.
+    pub tp_size: u32,
+}
+
+/// The hash meta string of `rank` (already resolved by the rank rule).
+pub fn meta(spec: &SpecTable, dep: Deployment, rank: u32) -> String {
+    format!(
+        "{}:{}:{}:{}{}{}",
+        spec.model, dep.tp_size, spec.dtype, rank, spec.spec_info, spec.sparse_info
+    )
+}
+
+/// The rank that goes into `group`'s meta: 0 for `all_union`, `rank` for
+/// `intersection`.
+pub fn meta_rank(group: &Group, rank: u32) -> u32 {
+    match group.rank_rule {
+        RankRule::AllUnion => 0,
+        RankRule::Intersection => rank,
+    }
+}
+
+/// The chain seed of `group` for `rank` (sidecars: their source's seed).
+pub fn group_seed(
+    spec: &SpecTable,
+    dep: Deployment,
+    group: &Group,
+    rank: u32,
+    keys: &RequestKeys,
+) -> Id {
+    let named = match group.source {
+        Some(s) => &spec.groups()[s],
+        None => group,
+    };
+    let mut h = Md5::new();
+    h.update(meta(spec, dep, meta_rank(named, rank)).as_bytes());
+    h.update([0u8]);
+    h.update(named.name.as_bytes());
+    h.update([0u8]);
+    h.update(keys.cache_salt.as_deref().unwrap_or("").as_bytes());
+    h.finalize().into()
+}
+
+fn extra_bytes(keys: &RequestKeys) -> Vec<u8> {
+    let mut out = Vec::new();
+    for k in &keys.extra_keys {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(k);
+    }
+    out
+}
+
+/// The prefix-chained ids of the full blocks of `tokens` (block size
+/// `block`), from `seed`. One md5 per block; the token bytes of a block are
+/// encoded once into a reused buffer.
+pub fn chain_ids(seed: &Id, tokens: &[u32], block: usize, keys: &RequestKeys) -> Vec<Id> {
+    let extra = extra_bytes(keys);
+    let n = if block == 0 { 0 } else { tokens.len() / block };
+    let mut ids = Vec::with_capacity(n);
+    let mut buf = Vec::with_capacity(16 + 4 * block + extra.len());
+    let mut parent = *seed;
+    for chunk in tokens.chunks_exact(block.max(1)).take(n) {
+        buf.clear();
+        buf.extend_from_slice(&parent);
+        for t in chunk {
+            buf.extend_from_slice(&t.to_le_bytes());
+        }
+        buf.extend_from_slice(&extra);
+        parent = Md5::digest(&buf).into();
+        ids.push(parent);
+    }
+    ids
+}
+
+/// `H[s](p)` from the snapshot group's chain ids (`ids[i]` covers
+/// `[i*hb, (i+1)*hb)`), its seed, the tokens and the hash block `hb`.
+/// `p` must not exceed the tokens or the chain.
+pub fn checkpoint_hash(seed: &Id, ids: &[Id], tokens: &[u32], hb: u64, p: u64) -> Result<Id> {
+    let hb = hb.max(1);
+    let full = (p / hb) as usize;
+    if p as usize > tokens.len() || full > ids.len() {
+        return Err(CoordError::BadRequest(format!(
+            "checkpoint position {p} lies beyond the {} hashed tokens",
+            tokens.len().min(ids.len() * hb as usize + hb as usize - 1)
+        )));
+    }
+    let parent = if full == 0 { seed } else { &ids[full - 1] };
+    let mut h = Md5::new();
+    h.update(parent);
+    for t in &tokens[full * hb as usize..p as usize] {
+        h.update(t.to_le_bytes());
+    }
+    h.update(p.to_le_bytes());
+    Ok(h.finalize().into())
+}
+
+/// The ids of one request for every hashed group and every rank that
+/// matters: `all_union` groups have one chain (rank 0), `intersection`
+/// groups one per rank.
+#[derive(Clone, Debug)]
+pub struct RequestHashes {
+    /// Per group index: per rank (1 for all_union), the chain ids. Empty
+    /// for `none` groups; sidecars hold their source's ids.
+    pub chains: Vec<Vec<Vec<Id>>>,
+    /// Per group index: per rank, the seed.
+    pub seeds: Vec<Vec<Id>>,
+}
+
+impl RequestHashes {
+    /// Hashes `tokens` for every group of `spec`.
+    pub fn compute(
+        spec: &SpecTable,
+        dep: Deployment,
+        tokens: &[u32],
+        keys: &RequestKeys,
+    ) -> Result<Self> {
+        if dep.tp_size == 0 {
+            return Err(CoordError::BadRequest("tp_size must be positive".into()));
+        }
+        let mut chains = Vec::new();
+        let mut seeds = Vec::new();
+        for g in spec.groups() {
+            let (block, rule) = match g.kind {
+                Kind::Chain | Kind::Snapshot => (g.hash_block, g.rank_rule),
+                Kind::Sidecar => (0, g.rank_rule),
+                Kind::None => {
+                    chains.push(Vec::new());
+                    seeds.push(Vec::new());
+                    continue;
+                }
+            };
+            let ranks = match rule {
+                RankRule::AllUnion => 1,
+                RankRule::Intersection => dep.tp_size,
+            };
+            let mut per_rank = Vec::new();
+            let mut per_rank_seed = Vec::new();
+            for r in 0..ranks {
+                let seed = group_seed(spec, dep, g, r, keys);
+                per_rank_seed.push(seed);
+                if block > 0 {
+                    per_rank.push(chain_ids(&seed, tokens, block as usize, keys));
+                }
+            }
+            chains.push(per_rank);
+            seeds.push(per_rank_seed);
+        }
+        // Sidecars carry their source's ids.
+        for g in spec.groups() {
+            if let Some(s) = g.source {
+                chains[g.index] = chains[s].clone();
+            }
+        }
+        Ok(RequestHashes { chains, seeds })
+    }
+}
+
+/// Lowercase hex of an id.
+pub fn hex(id: &Id) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,274 @@
+//! Hit resolution: `resolve_hit -> (l, p*)`, exactly DESIGN.md section 5.
+//!
+//! A position `p` is **servable** when every full chain group holds all
+//! blocks of `[0, p)` (for `intersection` groups: every rank's copy), every
+//! windowed chain group holds the blocks covering `[p - W, p)`, every
+//! snapshot group holds a checkpoint at exactly `(group, p, H(p))` (every
+//! rank's, for `intersection`), and `p` lies on the common grid (LCM of the
+//! chain block sizes and the snapshot grids).
+//!
+//! - `l` is the largest position on the LCM grid of the chain block sizes
+//!   at which every full chain group holds `[0, l)` and every windowed group
+//!   `[l - W, l)`;
+//! - `p*` is the largest servable position `<= l` (`0` when none is).
+//!
+//! Sidecars and `none` groups never vote. The module sees stores only
+//! through [`Presence`] and checkpoints only through [`Checkpoints`].
+
+use serde::Serialize;
+
+use crate::error::{CoordError, Result};
+use crate::hash::{checkpoint_hash, Id, RequestHashes};
+use crate::spec::{Group, Kind, SpecTable};
+
+/// The narrow presence interface the decision modules see a chain store
+/// through.
+pub trait Presence {
+    /// Per id: is the block (all its shards) present in `group`'s store?
+    fn lookup(&self, group: &Group, ids: &[Id]) -> Vec<bool>;
+    /// Number of leading ids present.
+    fn lookup_on_prefix(&self, group: &Group, ids: &[Id]) -> usize {
+        self.lookup(group, ids).iter().take_while(|&&p| p).count()
+    }
+}
+
+/// Which checkpoints exist (the coordinator's checkpoint directory).
+pub trait Checkpoints {
+    /// Is there a checkpoint of `group` at `position` with prefix hash
+    /// `hash`?
+    fn has(&self, group: &Group, position: u64, hash: &Id) -> bool;
+}
+
+/// One group's part in a resolution (for `ucm explain`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GroupVote {
+    /// The group's own bound: held prefix (full chain), deepest position
+    /// whose window is held (windowed chain), deepest checkpoint `<= l`
+    /// (snapshot); `None` for groups that never vote.
+    pub vote: Option<u64>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// The answer of [`resolve_hit`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Resolution {
+    /// Longest prefix the chain groups jointly hold.
+    pub l: u64,
+    /// Largest servable position `<= l`: the tokens the engine skips.
+    pub p_star: u64,
+    /// Per group, in table order: name and vote.
+    pub groups: Vec<(String, GroupVote)>,
+}
+
+/// Per chain group: presence of each block, ANDed over ranks, as prefix
+/// sums of missing blocks so a range check is O(1).
+struct ChainView<'a> {
+    group: &'a Group,
+    blocks: usize,
+    missing_before: Vec<u32>,
+}
+
+impl ChainView<'_> {
+    /// All blocks of `[a, b)` present (block indices).
+    fn holds(&self, a: usize, b: usize) -> bool {
+        b <= self.blocks && self.missing_before[b] == self.missing_before[a]
+    }
+    /// Tokens `[from, to)` covered by present blocks (to on the block grid).
+    fn holds_tokens(&self, from: u64, to: u64) -> bool {
+        let bs = self.group.block;
+        self.holds((from / bs) as usize, (to / bs) as usize)
+    }
+    /// Servability at `x` (a multiple of the block size).
+    fn serves(&self, x: u64) -> bool {
+        match self.group.window {
+            None => self.holds_tokens(0, x),
+            Some(w) => self.holds_tokens(x.saturating_sub(w), x),
+        }
+    }
+    fn held_prefix(&self) -> u64 {
+        let n = (0..self.blocks)
+            .take_while(|&i| self.missing_before[i + 1] == 0)
+            .count();
+        n as u64 * self.group.block
+    }
+}
+
+/// Resolves a request of `tokens` whose ids are `hashes`.
+pub fn resolve_hit(
+    spec: &SpecTable,
+    tokens: &[u32],
+    hashes: &RequestHashes,
+    presence: &dyn Presence,
+    checkpoints: &dyn Checkpoints,
+) -> Result<Resolution> {
+    let n = tokens.len() as u64;
+    if n == 0 {
+        return Err(CoordError::BadRequest("empty prompt".into()));
+    }
+    let gc = spec.chain_grid();
+    let grid = spec.common_grid();
+    if n < gc {
+        return Err(CoordError::BadRequest(format!(
+            "a prompt of {n} tokens is shorter than one block of the chain grid ({gc} tokens): nothing can hit"
+        )));
+    }
+    if hashes.chains.len() != spec.groups().len() {
+        return Err(CoordError::BadRequest(
+            "the request's hashes were computed for another spec table".into(),
+        ));
+    }
+    // Chain views: one lookup per rank per group.
+    let mut views = Vec::new();
+    for g in spec.chain_groups() {
+        let ranks = &hashes.chains[g.index];
+        let blocks = (n / g.block) as usize;
+        let mut present = vec![true; blocks];
+        for ids in ranks {
+            if ids.len() < blocks {
+                return Err(CoordError::BadRequest(format!(
+                    "group `{}`: {} ids for {blocks} blocks",
+                    g.name,
+                    ids.len()
+                )));
+            }
+            let ids = &ids[..blocks];
+            if g.window.is_none() {
+                let k = presence.lookup_on_prefix(g, ids).min(blocks);
+                present[k..].iter_mut().for_each(|p| *p = false);
+            } else {
+                for (p, q) in present.iter_mut().zip(presence.lookup(g, ids)) {
+                    *p &= q;
+                }
+            }
+        }
+        let mut missing_before = Vec::with_capacity(blocks + 1);
+        missing_before.push(0u32);
+        for (i, p) in present.iter().enumerate() {
+            missing_before.push(missing_before[i] + u32::from(!p));
+        }
+        views.push(ChainView {
+            group: g,
+            blocks,
+            missing_before,
+        });
+    }
+    // l: the largest chain-grid position every chain group serves.
+    let top = n / gc * gc;
+    let l = (0..=top / gc)
+        .rev()
+        .map(|k| k * gc)
+        .find(|&x| views.iter().all(|v| v.serves(x)))
+        .unwrap_or(0);
+    // p*: the largest servable common-grid position <= l.
+    let snaps: Vec<&Group> = spec.snapshot_groups().collect();
+    let has_checkpoint = |s: &Group, p: u64| -> Result<bool> {
+        for (r, ids) in hashes.chains[s.index].iter().enumerate() {
+            let h = checkpoint_hash(&hashes.seeds[s.index][r], ids, tokens, s.hash_block, p)?;
+            if !checkpoints.has(s, p, &h) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    };
+    let mut p_star = 0;
+    for p in (1..=l / grid).rev().map(|k| k * grid) {
+        if !views.iter().all(|v| v.serves(p)) {
+            continue;
+        }
+        let mut all = true;
+        for s in &snaps {
+            if !has_checkpoint(s, p)? {
+                all = false;
+                break;
+            }
+        }
+        if all {
+            p_star = p;
+            break;
+        }
+    }
+    // Votes, for explanation.
+    let mut groups = Vec::new();
+    for g in spec.groups() {
+        let vote = match g.kind {
+            Kind::Chain => {
+                let v = views
+                    .iter()
+                    .find(|v| v.group.index == g.index)
+                    .ok_or_else(|| {
+                        CoordError::BadRequest(format!("group `{}` has no view", g.name))
+                    })?;
+                match g.window {
+                    None => {
+                        let h = v.held_prefix();
+                        GroupVote {
+                            vote: Some(h),
+                            reason: format!(
+                                "holds the prefix [0, {h}) in whole blocks of {}{}",
+                                g.block,
+                                rank_note(g)
+                            ),
+                        }
+                    }
+                    Some(w) => {
+                        let top = n / g.block * g.block;
+                        let x = (0..=top / g.block)
+                            .rev()
+                            .map(|k| k * g.block)
+                            .find(|&x| v.serves(x))
+                            .unwrap_or(0);
+                        GroupVote {
+                            vote: Some(x),
+                            reason: format!(
+                                "window of {w}: holds [{}, {x}), the window before {x}{}",
+                                x.saturating_sub(w),
+                                rank_note(g)
+                            ),
+                        }
+                    }
+                }
+            }
+            Kind::Snapshot => {
+                let mut deepest = None;
+                for p in (1..=l / g.block).rev().map(|k| k * g.block) {
+                    if has_checkpoint(g, p)? {
+                        deepest = Some(p);
+                        break;
+                    }
+                }
+                GroupVote {
+                    vote: deepest,
+                    reason: match deepest {
+                        Some(p) => format!(
+                            "deepest checkpoint <= l = {l} with a matching prefix hash: {p}"
+                        ),
+                        None => format!("no checkpoint <= l = {l} with a matching prefix hash"),
+                    },
+                }
+            }
+            Kind::Sidecar => GroupVote {
+                vote: None,
+                reason: format!(
+                    "sidecar of `{}`: follows it, never votes",
+                    g.source
+                        .map(|s| spec.groups()[s].name.as_str())
+                        .unwrap_or("?")
+                ),
+            },
+            Kind::None => GroupVote {
+                vote: None,
+                reason: "never cached".into(),
+            },
+        };
+        groups.push((g.name.clone(), vote));
+    }
+    Ok(Resolution { l, p_star, groups })
+}
+
+fn rank_note(g: &Group) -> &'static str {
+    match g.rank_rule {
+        crate::spec::RankRule::AllUnion => "",
+        crate::spec::RankRule::Intersection => " (every rank's copy)",
+    }
+}
