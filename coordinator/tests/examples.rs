@@ -1,0 +1,370 @@
+//! The worked examples of DESIGN.md (fig 13, examples B and C) and the
+//! spec table's validation messages.
+
+mod common;
+
+use common::{tokens, x_hybrid, MemPresence};
+use ucm_coordinator::hash::checkpoint_hash;
+use ucm_coordinator::retention::{plan, RecurrenceTracker};
+use ucm_coordinator::{
+    resolve_hit, CheckpointDirectory, CoordError, Deployment, RequestHashes, RequestKeys, SpecTable,
+};
+
+const DEP: Deployment = Deployment { tp_size: 8 };
+
+/// Fig 13: a 3000-token prompt; mla holds 2560, csa_c16 2432, swa 3000;
+/// checkpoints at 2304 -> l = 2432, p* = 2304.
+#[test]
+fn fig13_gives_l_2432_and_p_star_2304() {
+    let spec = x_hybrid();
+    let t = tokens(13, 3000);
+    let h = RequestHashes::compute(&spec, DEP, &t, &RequestKeys::default()).unwrap();
+    let mut pres = MemPresence::default();
+    let held = |g: &str, tokens: usize| {
+        let gi = spec.group(g).unwrap();
+        h.chains[gi.index][0][..tokens / gi.block as usize].to_vec()
+    };
+    pres.put("mla", held("mla", 2560));
+    pres.put("csa_c16", held("csa_c16", 2432));
+    pres.put("swa", held("swa", 3000));
+    let dir = CheckpointDirectory::new();
+    // Checkpoints at 2304 for both snapshot groups, and a deeper mamba2 one
+    // at 2496 (> l: never a candidate), and one at 2432 of another prefix.
+    for g in ["mamba2", "kda_perslot"] {
+        let s = spec.group(g).unwrap();
+        let c = |p| {
+            checkpoint_hash(
+                &h.seeds[s.index][0],
+                &h.chains[s.index][0],
+                &t,
+                s.hash_block,
+                p,
+            )
+            .unwrap()
+        };
+        dir.register(g, 2304, c(2304));
+        dir.register(g, 2496, c(2496));
+    }
+    let other = tokens(14, 3000);
+    let ho = RequestHashes::compute(&spec, DEP, &other, &RequestKeys::default()).unwrap();
+    for g in ["mamba2", "kda_perslot"] {
+        let s = spec.group(g).unwrap();
+        let c = checkpoint_hash(
+            &ho.seeds[s.index][0],
+            &ho.chains[s.index][0],
+            &other,
+            s.hash_block,
+            2432,
+        )
+        .unwrap();
+        dir.register(g, 2432, c);
+    }
+    let r = resolve_hit(&spec, &t, &h, &pres, &dir).unwrap();
+    assert_eq!((r.l, r.p_star), (2432, 2304));
+    let vote = |g: &str| r.groups.iter().find(|(n, _)| n == g).unwrap().1.vote;
+    assert_eq!(vote("mla"), Some(2560));
+    assert_eq!(vote("csa_c16"), Some(2432));
+    assert_eq!(vote("swa"), Some(2944)); // whole blocks of 3000 tokens
+    assert_eq!(vote("mamba2"), Some(2304));
+    assert_eq!(vote("dsa_indexer"), None);
+    assert_eq!(vote("cross"), None);
+
+    // Without the kda checkpoint at 2304, p* falls to 0: every snapshot
+    // group must be there.
+    let dir2 = CheckpointDirectory::new();
+    let s = spec.group("mamba2").unwrap();
+    dir2.register(
+        "mamba2",
+        2304,
+        checkpoint_hash(
+            &h.seeds[s.index][0],
+            &h.chains[s.index][0],
+            &t,
+            s.hash_block,
+            2304,
+        )
+        .unwrap(),
+    );
+    let r = resolve_hit(&spec, &t, &h, &pres, &dir2).unwrap();
+    assert_eq!((r.l, r.p_star), (2432, 0));
+}
+
+/// Tenants never share ids; groups never alias; ranks share all_union ids.
+#[test]
+fn salts_groups_and_ranks_isolate_ids() {
+    let spec = x_hybrid();
+    let t = tokens(1, 512);
+    let a = RequestHashes::compute(&spec, DEP, &t, &RequestKeys::default()).unwrap();
+    let salted = RequestKeys {
+        cache_salt: Some("tenant-b".into()),
+        ..Default::default()
+    };
+    let b = RequestHashes::compute(&spec, DEP, &t, &salted).unwrap();
+    let mla = spec.group("mla").unwrap().index;
+    let csa = spec.group("csa_c16").unwrap().index;
+    let dsa = spec.group("dsa_indexer").unwrap().index;
+    assert_ne!(a.chains[mla], b.chains[mla]);
+    assert_ne!(a.chains[mla][0][0], a.chains[csa][0][0]);
+    assert_eq!(a.chains[dsa], a.chains[mla], "sidecars follow their source");
+    let extra = RequestKeys {
+        extra_keys: vec![b"lora-7".to_vec()],
+        ..Default::default()
+    };
+    let c = RequestHashes::compute(&spec, DEP, &t, &extra).unwrap();
+    assert_ne!(a.chains[mla], c.chains[mla]);
+    // Equal tokens after different prefixes get different ids.
+    let mut t2 = t.clone();
+    t2[0] ^= 1;
+    let d = RequestHashes::compute(&spec, DEP, &t2, &RequestKeys::default()).unwrap();
+    assert!(a.chains[mla][0]
+        .iter()
+        .zip(&d.chains[mla][0])
+        .all(|(x, y)| x != y));
+}
+
+/// Example C: 10,000 tokens, interval 1024, grid 64 -> 1024 ... 9216 plus
+/// the request-end checkpoint at 9984.
+#[test]
+fn example_c_interval_and_request_end_checkpoints() {
+    let spec = SpecTable::from_toml(
+        r#"
+model = "c"
+[[group]]
+name = "attn"
+kind = "chain"
+block_size = 64
+layers = "0"
+bytes_per_token = 64
+[[group]]
+name = "state"
+kind = "snapshot"
+grid = 64
+state_bytes = 4096
+layers = "1"
+retention = { interval = 1024 }
+"#,
+    )
+    .unwrap();
+    let g = spec.group("state").unwrap();
+    let mut want: Vec<u64> = (1..=9).map(|k| k * 1024).collect();
+    want.push(9984);
+    assert_eq!(plan(g, 0, 10_000), want);
+    // Resumed at 4096: only new state is kept.
+    assert_eq!(
+        plan(g, 4096, 10_000),
+        vec![5120, 6144, 7168, 8192, 9216, 9984]
+    );
+    // A full hit with nothing new keeps nothing.
+    assert_eq!(plan(g, 9984, 9984), Vec::<u64>::new());
+    // Chain groups keep no checkpoints.
+    assert!(plan(spec.group("attn").unwrap(), 0, 10_000).is_empty());
+}
+
+/// Trigger 2: the second unserved occurrence of a prefix keeps a
+/// checkpoint at the common boundary; served requests do not count.
+#[test]
+fn second_unserved_occurrence_keeps_the_common_boundary() {
+    let spec = x_hybrid();
+    let m = spec.group("mamba2").unwrap();
+    let system = tokens(99, 1000); // shared system prompt
+    let req = |user: u64| {
+        let mut t = system.clone();
+        t.extend(tokens(user, 700));
+        let h = RequestHashes::compute(&spec, DEP, &t, &RequestKeys::default()).unwrap();
+        h.chains[m.index][0].clone()
+    };
+    let mut tr = RecurrenceTracker::new(64);
+    // First unserved occurrence: nothing yet.
+    assert_eq!(tr.observe(m, &req(1), 0), None);
+    // A request served from cache (p* > 0) does not count.
+    assert_eq!(tr.observe(m, &req(2), 896), None);
+    // Second unserved occurrence: the common prefix is 1000 tokens; whole
+    // hash blocks of 128 give 896, on mamba2's grid of 64.
+    assert_eq!(tr.observe(m, &req(3), 0), Some(896));
+    // An unrelated prompt shares nothing.
+    assert_eq!(tr.observe(m, &tokens_ids(&spec, 5), 0), None);
+}
+
+fn tokens_ids(spec: &SpecTable, seed: u64) -> Vec<[u8; 16]> {
+    let m = spec.group("mamba2").unwrap();
+    let t = tokens(seed, 1700);
+    RequestHashes::compute(spec, DEP, &t, &RequestKeys::default())
+        .unwrap()
+        .chains[m.index][0]
+        .clone()
+}
+
+/// Example B: 4 ranks, independent per-rank dump failures with p = 0.1
+/// over 100k blocks: availability 65.6% under intersection, 99.99% under
+/// all_union, through the real resolve path (one block per request).
+#[test]
+fn example_b_rank_rules() {
+    let mk = |rule: &str| {
+        SpecTable::from_toml(&format!(
+            "model = \"b\"\n[[group]]\nname = \"kv\"\nkind = \"chain\"\nblock_size = 4\nlayers = \"0\"\nbytes_per_token = 8\nrank_rule = \"{rule}\"\n"
+        ))
+        .unwrap()
+    };
+    let dep = Deployment { tp_size: 4 };
+    let mut rng = 0x1234_5678_9abc_def0u64;
+    let mut coin = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let blocks = 100_000;
+    for (rule, want) in [
+        ("intersection", 0.9f64.powi(4)),
+        ("all_union", 1.0 - 0.1f64.powi(4)),
+    ] {
+        let spec = mk(rule);
+        let dir = CheckpointDirectory::new();
+        let mut pres = MemPresence::default();
+        let mut reqs = Vec::new();
+        for b in 0..blocks {
+            let t = vec![b as u32, 7, 7, 7];
+            let h = RequestHashes::compute(&spec, dep, &t, &RequestKeys::default()).unwrap();
+            // Every rank dumps its copy (all_union: the same id) with p = 0.1
+            // of failure.
+            for rank in 0..4usize {
+                if coin() >= 0.1 {
+                    let ids = &h.chains[0];
+                    pres.put("kv", [ids[rank.min(ids.len() - 1)][0]]);
+                }
+            }
+            reqs.push((t, h));
+        }
+        let hits = reqs
+            .iter()
+            .filter(|(t, h)| resolve_hit(&spec, t, h, &pres, &dir).unwrap().p_star == 4)
+            .count();
+        let avail = hits as f64 / blocks as f64;
+        assert!(
+            (avail - want).abs() < 0.01,
+            "{rule}: availability {avail}, expected {want}"
+        );
+    }
+}
+
+/// Bad input is a clear error, never a hit.
+#[test]
+fn bad_requests_are_errors() {
+    let spec = x_hybrid();
+    let pres = MemPresence::default();
+    let dir = CheckpointDirectory::new();
+    let empty: Vec<u32> = vec![];
+    let h = RequestHashes::compute(&spec, DEP, &empty, &RequestKeys::default()).unwrap();
+    let e = resolve_hit(&spec, &empty, &h, &pres, &dir).unwrap_err();
+    assert!(e.to_string().contains("empty prompt"), "{e}");
+    let short = tokens(1, 100);
+    let h = RequestHashes::compute(&spec, DEP, &short, &RequestKeys::default()).unwrap();
+    let e = resolve_hit(&spec, &short, &h, &pres, &dir).unwrap_err();
+    assert!(e.to_string().contains("shorter than one block"), "{e}");
+    assert!(matches!(spec.group("nope"), Err(CoordError::BadRequest(_))));
+    // Hashes of another spec are refused.
+    let other = SpecTable::from_toml(
+        "model = \"o\"\n[[group]]\nname = \"a\"\nkind = \"chain\"\nblock_size = 128\nlayers = \"0\"\nbytes_per_token = 2\n",
+    )
+    .unwrap();
+    let t = tokens(1, 300);
+    let ho = RequestHashes::compute(&other, DEP, &t, &RequestKeys::default()).unwrap();
+    assert!(resolve_hit(&spec, &t, &ho, &pres, &dir).is_err());
+}
+
+/// Validation names the problem precisely.
+#[test]
+fn spec_validation_messages() {
+    let base = |extra: &str| format!("model = \"m\"\n{extra}");
+    let chain = "[[group]]\nname = \"a\"\nkind = \"chain\"\nblock_size = 16\nlayers = \"0-3\"\nbytes_per_token = 8\n";
+    let cases: &[(&str, &str)] = &[
+        (
+            "[[group]]\nname = \"s\"\nkind = \"sidecar\"\nsource = \"ghost\"\nlayers = \"4\"\nbytes_per_token = 8\n",
+            "follows unknown group `ghost`",
+        ),
+        (
+            "[[group]]\nname = \"z\"\nkind = \"chain\"\nblock_size = 0\nlayers = \"4\"\nbytes_per_token = 8\n",
+            "`block_size` must be positive",
+        ),
+        (
+            "[[group]]\nname = \"z\"\nkind = \"chain\"\nblock_size = 16\nlayers = \"4\"\nbytes_per_token = 0\n",
+            "`bytes_per_token` must be positive",
+        ),
+        (
+            "[[group]]\nname = \"b\"\nkind = \"chain\"\nblock_size = 16\nlayers = \"3-5\"\nbytes_per_token = 8\n",
+            "layer 3 is in two groups: `a` and `b`",
+        ),
+        (
+            "[[group]]\nname = \"w\"\nkind = \"chain\"\nblock_size = 16\nwindow = 0\nlayers = \"9\"\nbytes_per_token = 8\n",
+            "the window must be positive",
+        ),
+        (
+            "[[group]]\nname = \"s\"\nkind = \"snapshot\"\nlayers = \"9\"\nstate_bytes = 8\n",
+            "needs `grid`",
+        ),
+        (
+            "[[group]]\nname = \"s\"\nkind = \"snapshot\"\ngrid = 16\nlayers = \"9\"\nstate_bytes = 8\nretention = { interval = 0 }\n",
+            "retention interval must be positive",
+        ),
+        (
+            "[[group]]\nname = \"a\"\nkind = \"none\"\nlayers = \"9\"\n",
+            "group `a` is defined twice",
+        ),
+        (
+            "[[group]]\nname = \"x\"\nkind = \"none\"\nlayers = \"9\"\nwindow = 4\n",
+            "`window` does not apply",
+        ),
+        (
+            "[[group]]\nname = \"s\"\nkind = \"sidecar\"\nsource = \"n\"\nlayers = \"8\"\nbytes_per_token = 8\n[[group]]\nname = \"n\"\nkind = \"none\"\nlayers = \"9\"\n",
+            "a source must be a chain group",
+        ),
+        (
+            "[[group]]\nname = \"r\"\nkind = \"none\"\nlayers = \"7-5\"\n",
+            "is reversed",
+        ),
+    ];
+    for (extra, want) in cases {
+        let text = base(&format!("{chain}{extra}"));
+        let e = SpecTable::from_toml(&text).unwrap_err().to_string();
+        assert!(e.contains(want), "expected `{want}` in: {e}");
+    }
+    let e = SpecTable::from_toml("model = \"m\"\nnum_layers = 2\n[[group]]\nname = \"a\"\nkind = \"none\"\nlayers = \"0-2\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not below num_layers"), "{e}");
+    let e = SpecTable::from_toml(
+        "model = \"m\"\n[[group]]\nname = \"a\"\nkind = \"chian\"\nlayers = \"0\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("chian"), "{e}");
+}
+
+/// Every shipped spec loads, and X-Hybrid-96 matches DESIGN.md section 11.
+#[test]
+fn shipped_specs_load() {
+    for f in [
+        "x-hybrid-96.toml",
+        "attn-mamba-hybrid.toml",
+        "mla-csa-swa.toml",
+    ] {
+        SpecTable::load(&common::spec_path(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    let s = x_hybrid();
+    let count = |g: &str| s.group(g).unwrap().layers.len();
+    assert_eq!(
+        [
+            count("mla"),
+            count("csa_c16"),
+            count("swa"),
+            count("mamba2"),
+            count("kda_perslot"),
+            count("cross"),
+            count("dsa_indexer")
+        ],
+        [16, 16, 24, 20, 8, 8, 4]
+    );
+    assert_eq!(s.groups().iter().map(|g| g.layers.len()).sum::<usize>(), 96);
+    assert_eq!(s.chain_grid(), 128);
+    assert_eq!(s.common_grid(), 128);
+}
