@@ -98,7 +98,7 @@ fn extra_bytes(keys: &RequestKeys) -> Vec<u8> {
 /// encoded once into a reused buffer.
 pub fn chain_ids(seed: &Id, tokens: &[u32], block: usize, keys: &RequestKeys) -> Vec<Id> {
     let extra = extra_bytes(keys);
-    let n = if block == 0 { 0 } else { tokens.len() / block };
+    let n = tokens.len().checked_div(block).unwrap_or(0);
     let mut ids = Vec::with_capacity(n);
     let mut buf = Vec::with_capacity(16 + 4 * block + extra.len());
     let mut parent = *seed;

@@ -14,8 +14,11 @@ fn golden_tokens() -> Vec<u32> {
     (0..1000u32).map(|i| (i * 7919) % 65521).collect()
 }
 
+/// Spec file, TP size, cache salt, extra keys.
+type Case<'a> = (&'a str, u32, Option<&'a str>, &'a [&'a [u8]]);
+
 fn vectors() -> Value {
-    let cases: &[(&str, u32, Option<&str>, &[&[u8]])] = &[
+    let cases: &[Case] = &[
         ("x-hybrid-96.toml", 8, None, &[]),
         ("x-hybrid-96.toml", 8, Some("tenant-a"), &[b"lora:7"]),
         ("attn-mamba-hybrid.toml", 2, None, &[]),

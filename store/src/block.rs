@@ -28,7 +28,7 @@ use ucm_device::{CopyRun, Device, IoBuf, Memory};
 use crate::disk::DiskTier;
 use crate::error::{Result, StoreError};
 use crate::geometry::{BlockId, Geometry};
-use crate::pool::{rank_order, Acquire, ClockPool, SlotRef};
+use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
 
 /// Blocks per disk batch: bounds the files open at once.
 const IO_BATCH_BLOCKS: usize = 64;
@@ -178,6 +178,54 @@ pub struct BlockStoreStats {
     pub write_retries: AtomicU64,
     /// Blocks whose disk write failed for good.
     pub write_failures: AtomicU64,
+    /// Shards handed over by [`TieredBlockStore::donate`] (no copy).
+    pub donated: AtomicU64,
+}
+
+/// A pool slot leased for a zero-copy hand-over: the caller fills it in
+/// place (through [`Lease::memory`] and [`Lease::offset`] on the device,
+/// or [`Lease::data_mut`] on the host) and gives it to the store with
+/// [`TieredBlockStore::donate`]. Dropped without a donation, the slot is
+/// released as a failed load: nothing half-written is ever served.
+pub struct Lease<'a> {
+    guard: LoadGuard<'a>,
+    block: BlockId,
+    shard: u32,
+    memory: &'a Memory,
+    offset: usize,
+}
+
+impl Lease<'_> {
+    /// The block the slot will hold.
+    pub fn block(&self) -> BlockId {
+        self.block
+    }
+
+    /// The shard the slot will hold.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The pool slot's index (stable across the hand-over).
+    pub fn slot(&self) -> usize {
+        self.guard.slot()
+    }
+
+    /// The pool's device registration, in which the slot lies at
+    /// [`Lease::offset`]: a device copy or kernel may write the state there.
+    pub fn memory(&self) -> &Memory {
+        self.memory
+    }
+
+    /// Offset of the slot in [`Lease::memory`].
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The slot's bytes, to fill on the host.
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        self.guard.data_mut()
+    }
 }
 
 /// How a tiered BlockStore is built.
@@ -324,6 +372,55 @@ impl<D: Device> TieredBlockStore<D> {
     /// The memory tier.
     pub fn pool(&self) -> &ClockPool {
         &self.inner.pool
+    }
+
+    /// Leases the pool slot of `(block, shard)` for a zero-copy hand-over
+    /// ([`TieredBlockStore::donate`]). `Ok(None)` when the shard is already
+    /// stored (nothing to hand over); [`StoreError::PoolFull`] when every
+    /// slot of its bucket is pinned or loading.
+    pub fn lease(&self, block: BlockId, shard: u32) -> Result<Option<Lease<'_>>> {
+        self.inner.geo.check_shard(shard)?;
+        let pool = &self.inner.pool;
+        for _attempt in 0..2 {
+            match pool.acquire((block, shard))? {
+                Some(Acquire::Hit(_)) => return Ok(None),
+                Some(Acquire::Load(guard)) => {
+                    let offset = pool.data_at(guard.slot());
+                    return Ok(Some(Lease {
+                        guard,
+                        block,
+                        shard,
+                        memory: &self.inner.pool_mem,
+                        offset,
+                    }));
+                }
+                // A failed load of this key: claim afresh.
+                Some(Acquire::Failed(_)) => continue,
+                None => break,
+            }
+        }
+        Err(StoreError::PoolFull)
+    }
+
+    /// Hands filled leases over to the store without copying them: each
+    /// slot is published in place, then every block whose shards are all in
+    /// the pool is written behind to disk (in the caller's thread). Returns
+    /// each block's durability, as [`TaskHandle::wait_durable`] would.
+    pub fn donate(&self, leases: Vec<Lease<'_>>) -> Vec<(BlockId, Durability)> {
+        let mut blocks = Vec::new();
+        let mut pins = Vec::new();
+        for l in leases {
+            if !blocks.contains(&l.block) {
+                blocks.push(l.block);
+            }
+            let r = l.guard.complete();
+            r.set_dirty(true);
+            pins.push(r);
+            self.inner.stats.donated.fetch_add(1, Ordering::Relaxed);
+        }
+        let durable = self.inner.write_behind(&blocks);
+        drop(pins);
+        durable
     }
 
     fn submit(

@@ -569,6 +569,18 @@ impl DiskTier {
         out
     }
 
+    /// Every block id on disk, from the file names (for warm restarts).
+    /// Files whose names are not block ids are skipped.
+    pub fn enumerate(&self) -> Vec<BlockId> {
+        self.gather()
+            .into_iter()
+            .filter_map(|(_, p)| {
+                let stem = p.file_stem()?.to_str()?;
+                parse_hex(stem)
+            })
+            .collect()
+    }
+
     /// One GC pass: when more than the high watermark of blocks exist,
     /// deletes the oldest (by mtime) until the low watermark remains.
     pub fn gc(&self) -> GcReport {
@@ -592,4 +604,15 @@ impl DiskTier {
         self.stats.gc_deleted.fetch_add(deleted, Ordering::Relaxed);
         GcReport { found, deleted }
     }
+}
+
+fn parse_hex(s: &str) -> Option<BlockId> {
+    if s.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
 }

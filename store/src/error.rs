@@ -37,6 +37,18 @@ pub enum StoreError {
     /// The task queue is full: back off and resubmit. Nothing was dropped.
     #[error("the store's task queue is full; the task was not accepted")]
     QueueFull,
+    /// Every slot of the key's pool bucket is pinned or loading: retry
+    /// later. Nothing was dropped.
+    #[error("every pool slot the key may use is pinned or loading; retry later")]
+    PoolFull,
+    /// A snapshot key of another group was given to a group's store.
+    #[error("a key of snapshot group {got} was given to the store of group {expected}")]
+    WrongGroup {
+        /// The key's group.
+        got: u32,
+        /// The store's group.
+        expected: u32,
+    },
     /// A request names a shard outside the geometry.
     #[error("shard {shard} out of range: the geometry has {shards} shards per block")]
     ShardOutOfRange {

@@ -8,8 +8,9 @@
 //!   the HAL's [`Device`](ucm_device::Device) and
 //!   [`IoEngine`](ucm_device::IoEngine).
 //!
-//! The SnapshotStore (position-keyed recurrent-state checkpoints,
-//! copy-on-write) is still to come.
+//! - [`snapshot::TieredSnapshotStore`]: the [`SnapshotStore`] of
+//!   position-keyed recurrent-state checkpoints (copy-on-write `get`,
+//!   zero-copy `donate`, `enumerate` for warm restarts) on the same kernel.
 //!
 //! Red line: the store never sees tokens, models or sessions. It receives
 //! `(block id, shard)` keys and device addresses.
@@ -22,6 +23,7 @@ pub mod error;
 pub mod geometry;
 pub mod pool;
 mod slot;
+pub mod snapshot;
 
 /// The atomics the slot state machine uses (loom swaps its own in).
 mod sync {
@@ -29,10 +31,12 @@ mod sync {
 }
 
 pub use block::{
-    BlockStore, BlockStoreConfig, Durability, ItemOutcome, TaskHandle, TaskItem, TieredBlockStore,
+    BlockStore, BlockStoreConfig, Durability, ItemOutcome, Lease, TaskHandle, TaskItem,
+    TieredBlockStore,
 };
 pub use disk::{DiskConfig, DiskTier, GcReport};
 pub use error::{Result, StoreError};
 pub use geometry::{BlockId, Geometry};
 pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};
+pub use snapshot::{SnapshotKey, SnapshotStore, StateItem, TieredSnapshotStore};
 pub use ucm_device as device;
