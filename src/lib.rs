@@ -10,12 +10,13 @@
 //!   and the layerwise adapter;
 //! - [`ffi`]: the C ABI and the Python module.
 //!
-//! and holds what the `ucm` command line reports and measures ([`info`],
-//! [`bench`](mod@bench)).
+//! and holds what the `ucm` command line reports, explains and measures
+//! ([`info`], [`explain`](mod@explain), [`bench`](mod@bench)).
 
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod explain;
 pub mod info;
 
 pub use ucm_coordinator as coordinator;

@@ -27,11 +27,33 @@ enum Cmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Why did (or didn't) a prompt hit? Materialises a scenario in a real
+    /// store on the host device and runs the real resolve_hit.
+    Explain(ExplainArgs),
     /// Measure throughput against a baseline taken in the same run.
     Bench {
         #[command(subcommand)]
         what: BenchCmd,
     },
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    /// The model's spec table (TOML), e.g. specs/x-hybrid-96.toml.
+    #[arg(long)]
+    spec: PathBuf,
+    /// The scenario (JSON): {"tokens", "seed", "held", "checkpoints"}.
+    #[arg(long)]
+    scenario: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Keep the store in this directory (default: a temporary one).
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Reopen the kept store and resolve only (a warm restart); dumps nothing.
+    #[arg(long, requires = "store")]
+    resolve_only: bool,
 }
 
 #[derive(Subcommand)]
@@ -42,6 +64,24 @@ enum BenchCmd {
     Device(DeviceArgs),
     /// The tiered store on the host device: dump, cold and warm loads, lookups.
     Store(StoreArgs),
+    /// Block hashing (chain ids) against raw md5 over the same bytes.
+    Hash(HashArgs),
+}
+
+#[derive(Args)]
+struct HashArgs {
+    /// Print one JSON record per block size (JSON lines) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Tokens per block.
+    #[arg(long, value_delimiter = ',', default_value = "16,128,256")]
+    block_tokens: Vec<usize>,
+    /// Tokens hashed per round.
+    #[arg(long, default_value_t = 4 << 20)]
+    tokens: usize,
+    /// Rounds (the best of each side counts).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
 }
 
 #[derive(Args)]
@@ -179,6 +219,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Info { json, dir } => info(json, dir),
+        Cmd::Explain(args) => explain(args),
         Cmd::Bench {
             what: BenchCmd::Io(args),
         } => bench_io(args),
@@ -188,6 +229,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             what: BenchCmd::Store(args),
         } => bench_store(args),
+        Cmd::Bench {
+            what: BenchCmd::Hash(args),
+        } => bench_hash(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -196,6 +240,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn explain(a: ExplainArgs) -> Result<(), String> {
+    use ucm::coordinator::SpecTable;
+    use ucm::explain::{ExplainOptions, Scenario};
+    let spec = SpecTable::load(&a.spec).map_err(|e| e.to_string())?;
+    let sc = Scenario::load(&a.scenario).map_err(|e| e.to_string())?;
+    let opts = ExplainOptions {
+        store: a.store,
+        resolve_only: a.resolve_only,
+    };
+    let out = ucm::explain::explain(&spec, &sc, &opts).map_err(|e| e.to_string())?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&out).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", out.render_text(&spec));
+    }
+    Ok(())
 }
 
 fn info(json: bool, dir: Option<PathBuf>) -> Result<(), String> {
@@ -307,6 +372,27 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             println!(
                 "{:<22} {:>8.3} GiB/s  baseline {:>8.3} GiB/s  ratio {:.3}",
                 r.case, r.gib_s, r.limit_gib_s, r.ratio
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench_hash(a: HashArgs) -> Result<(), String> {
+    if a.block_tokens.contains(&0) || a.reps == 0 {
+        return Err("block sizes and reps must be positive".into());
+    }
+    if a.block_tokens.iter().any(|&b| b > a.tokens) {
+        return Err(format!("--tokens {} is smaller than a block", a.tokens));
+    }
+    let records = ucm::bench::hash::run(&a.block_tokens, a.tokens, a.reps, |l| eprintln!("{l}"));
+    for r in &records {
+        if a.json {
+            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        } else {
+            println!(
+                "chain_ids {:>4}-token blocks  {:.3} GiB/s  raw md5 {:.3} GiB/s  ratio {:.3}",
+                r.block_tokens, r.gib_s, r.limit, r.ratio
             );
         }
     }

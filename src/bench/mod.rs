@@ -2,6 +2,7 @@
 //! run, reported as ratios (never as absolute goals in timed tests).
 
 pub mod device;
+pub mod hash;
 pub mod io;
 pub mod store;
 

@@ -1,0 +1,82 @@
+//! `ucm bench hash`: block hashing against raw md5 in the same run.
+//!
+//! The limit is md5 over messages already laid out in memory (a 16-byte
+//! parent followed by the block's token bytes), one digest per message: what
+//! a hasher could do with no encoding work at all. The measured path is
+//! [`chain_ids`](crate::coordinator::hash::chain_ids) over the same tokens,
+//! which also encodes the tokens and chains the parents. Goal: ratio >= 0.9
+//! on 128-token blocks.
+
+use std::time::Instant;
+
+use md5::{Digest, Md5};
+use serde::Serialize;
+
+use crate::coordinator::hash::{chain_ids, Id, RequestKeys};
+
+/// One result.
+#[derive(Clone, Debug, Serialize)]
+pub struct HashRecord {
+    /// `chain_ids`.
+    pub path: String,
+    /// Tokens per block.
+    pub block_tokens: usize,
+    /// Token bytes hashed per second, in GiB/s.
+    pub gib_s: f64,
+    /// Raw md5 over the same messages, GiB/s of token bytes.
+    pub limit: f64,
+    /// `gib_s / limit`.
+    pub ratio: f64,
+}
+
+/// Runs `reps` interleaved rounds over `tokens` tokens for each block size,
+/// keeping the best round of each side.
+pub fn run(
+    block_sizes: &[usize],
+    tokens: usize,
+    reps: usize,
+    progress: impl Fn(&str),
+) -> Vec<HashRecord> {
+    let toks: Vec<u32> = (0..tokens as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) >> 15)
+        .collect();
+    let token_bytes = (tokens * 4) as f64 / (1u64 << 30) as f64;
+    let mut out = Vec::new();
+    for &bs in block_sizes {
+        let blocks = tokens / bs;
+        // Pre-laid messages for the raw limit.
+        let msg = 16 + 4 * bs;
+        let mut raw = vec![0u8; blocks * msg];
+        for (b, m) in raw.chunks_exact_mut(msg).enumerate() {
+            for (i, t) in toks[b * bs..(b + 1) * bs].iter().enumerate() {
+                m[16 + 4 * i..20 + 4 * i].copy_from_slice(&t.to_le_bytes());
+            }
+        }
+        let (mut best_raw, mut best_ids) = (f64::MAX, f64::MAX);
+        let mut sink = 0u8;
+        for rep in 0..reps {
+            let t = Instant::now();
+            for m in raw.chunks_exact(msg) {
+                let d: Id = Md5::digest(m).into();
+                sink ^= d[0];
+            }
+            best_raw = best_raw.min(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            let ids = chain_ids(&[7u8; 16], &toks, bs, &RequestKeys::default());
+            best_ids = best_ids.min(t.elapsed().as_secs_f64());
+            sink ^= ids.last().map_or(0, |d| d[0]);
+            progress(&format!("hash {bs}-token blocks: round {}/{reps}", rep + 1));
+        }
+        std::hint::black_box(sink);
+        let limit = token_bytes / best_raw;
+        let gib_s = token_bytes / best_ids;
+        out.push(HashRecord {
+            path: "chain_ids".into(),
+            block_tokens: bs,
+            gib_s,
+            limit,
+            ratio: gib_s / limit,
+        });
+    }
+    out
+}

@@ -1,0 +1,434 @@
+//! `ucm explain`: "why did (or didn't) this prompt hit?"
+//!
+//! A scenario names a prompt (`tokens` deterministic tokens from `seed`),
+//! which token ranges each chain group holds and where each snapshot group
+//! has checkpoints. [`explain`] materialises it in a **real** store on the
+//! host device (one BlockStore instance per chain group, one SnapshotStore
+//! per snapshot group, under one directory): the blocks lying wholly inside
+//! the held ranges are dumped, the checkpoints are put. It then rebuilds the
+//! checkpoint directory from the snapshot stores' `enumerate` (a warm
+//! restart) and runs the real [`resolve_hit`] through the stores' presence.
+//!
+//! With a kept store directory ([`ExplainOptions::store`]) a second run with
+//! [`ExplainOptions::resolve_only`] reopens the stores without writing
+//! anything: a restarted process gets the same answer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::coordinator::hash::{checkpoint_hash, Id};
+use crate::coordinator::resolve::GroupVote;
+use crate::coordinator::{
+    resolve_hit, CheckpointDirectory, CoordError, Deployment, Group, Kind, Presence, RequestHashes,
+    RequestKeys, SpecTable,
+};
+use crate::device::io::DIRECT_IO_ALIGN;
+use crate::device::{CopyRun, Device, HostDevice, IoEngine, IoEngineConfig, IoEngineKind, Memory};
+use crate::store::{
+    BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry,
+    PoolConfig, PoolMode, SnapshotKey, SnapshotStore, StateItem, StoreError, TaskItem,
+    TieredBlockStore, TieredSnapshotStore,
+};
+
+/// What can go wrong in `ucm explain`.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The scenario file is unreadable or malformed.
+    #[error("scenario: {0}")]
+    Scenario(String),
+    /// The coordinator refused (spec, request).
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    /// A store failed or refused (e.g. a directory of another geometry).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The host device failed.
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+}
+
+type Result<T> = std::result::Result<T, ExplainError>;
+
+/// A scenario, as read from JSON.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Prompt length in tokens.
+    pub tokens: u64,
+    /// Seed of the deterministic tokens.
+    pub seed: u64,
+    /// Per chain group: held token ranges `[start, end)`.
+    #[serde(default)]
+    pub held: BTreeMap<String, Vec<[u64; 2]>>,
+    /// Per snapshot group: checkpoint positions.
+    #[serde(default)]
+    pub checkpoints: BTreeMap<String, Vec<u64>>,
+    /// Tensor-parallel ranks (default 1); `intersection` groups store one
+    /// copy per rank.
+    #[serde(default = "one")]
+    pub tp_size: u32,
+    /// Tenant salt.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Scenario {
+    /// Reads a scenario file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ExplainError::Scenario(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&text)
+            .map_err(|e| ExplainError::Scenario(format!("{}: {e}", path.display())))
+    }
+
+    /// Checks the scenario against the spec: known groups of the right
+    /// kind, ranges inside the prompt, checkpoints on their group's grid.
+    pub fn validate(&self, spec: &SpecTable) -> Result<()> {
+        let bad = |m: String| Err(ExplainError::Scenario(m));
+        if self.tokens == 0 {
+            return bad("`tokens` must be positive (an empty prompt never hits)".into());
+        }
+        if self.tp_size == 0 {
+            return bad("`tp_size` must be positive".into());
+        }
+        for (g, ranges) in &self.held {
+            let grp = spec
+                .group(g)
+                .map_err(|_| ExplainError::Scenario(format!("`held` names unknown group `{g}`")))?;
+            if grp.kind != Kind::Chain {
+                return bad(format!(
+                    "`held` names `{g}`, a {:?} group; only chain groups hold blocks",
+                    grp.kind
+                ));
+            }
+            for &[a, b] in ranges {
+                if a > b || b > self.tokens {
+                    return bad(format!(
+                        "held range [{a}, {b}) of `{g}` lies outside the prompt [0, {})",
+                        self.tokens
+                    ));
+                }
+            }
+        }
+        for (g, ps) in &self.checkpoints {
+            let grp = spec.group(g).map_err(|_| {
+                ExplainError::Scenario(format!("`checkpoints` names unknown group `{g}`"))
+            })?;
+            if grp.kind != Kind::Snapshot {
+                return bad(format!(
+                    "`checkpoints` names `{g}`, a {:?} group; only snapshot groups keep checkpoints",
+                    grp.kind
+                ));
+            }
+            for &p in ps {
+                if p == 0 || p > self.tokens {
+                    return bad(format!(
+                        "checkpoint {p} of `{g}` lies outside the prompt (0, {}]",
+                        self.tokens
+                    ));
+                }
+                if p % grp.block != 0 {
+                    return bad(format!(
+                        "checkpoint {p} of `{g}` is not on its grid of {}",
+                        grp.block
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The deterministic tokens of a scenario (splitmix64 of the seed, below
+/// 2^17).
+pub fn scenario_tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % 131_072) as u32
+        })
+        .collect()
+}
+
+/// The answer: `{"l", "p_star", "groups": {name: {"vote", "reason"}}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Explanation {
+    /// Longest prefix the chain groups jointly hold.
+    pub l: u64,
+    /// Tokens the engine skips.
+    pub p_star: u64,
+    /// Per group: vote and reason.
+    pub groups: BTreeMap<String, GroupVote>,
+}
+
+impl Explanation {
+    /// A human-readable rendering.
+    pub fn render_text(&self, spec: &SpecTable) -> String {
+        let mut s = format!("l = {}  p* = {}\n", self.l, self.p_star);
+        for g in spec.groups() {
+            if let Some(v) = self.groups.get(&g.name) {
+                let vote = v.vote.map_or("-".to_string(), |x| x.to_string());
+                s += &format!("  {:<14} {:>7}  {}\n", g.name, vote, v.reason);
+            }
+        }
+        s
+    }
+}
+
+/// How [`explain`] runs.
+#[derive(Clone, Debug, Default)]
+pub struct ExplainOptions {
+    /// Keep the store here (default: a temporary directory, removed after).
+    pub store: Option<PathBuf>,
+    /// Only reopen the store and resolve; dump and put nothing (needs
+    /// `store`).
+    pub resolve_only: bool,
+}
+
+fn padded(bytes: u64) -> usize {
+    let a = DIRECT_IO_ALIGN as u64;
+    (bytes.div_ceil(a) * a) as usize
+}
+
+/// The stores of one spec on the host device: a BlockStore per chain
+/// group, a SnapshotStore per snapshot group.
+pub struct Stores {
+    dev: Arc<HostDevice>,
+    chain: HashMap<usize, TieredBlockStore<HostDevice>>,
+    snap: HashMap<usize, TieredSnapshotStore<HostDevice>>,
+}
+
+impl Stores {
+    /// Opens (or creates) every group's store under `dir/<group name>`.
+    /// A directory holding another geometry is an error.
+    pub fn open(spec: &SpecTable, dir: &Path) -> Result<Self> {
+        let dev = Arc::new(HostDevice::new());
+        let engine: Arc<dyn IoEngine> = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build()?);
+        let mut chain = HashMap::new();
+        let mut snap = HashMap::new();
+        for g in spec.groups() {
+            let (shard, shards) = match g.kind {
+                Kind::Chain => (padded(g.unit_bytes * g.block), g.layers.len() as u32),
+                Kind::Snapshot => (padded(g.unit_bytes), g.layers.len() as u32),
+                Kind::Sidecar | Kind::None => continue,
+            };
+            let geo = Geometry {
+                shard_bytes: shard,
+                shards_per_block: shards,
+            };
+            let slots = (2 * shards as usize).max(8);
+            let pool = ClockPool::open(PoolConfig {
+                shard_bytes: shard,
+                slots,
+                ways: slots,
+                mode: PoolMode::Private,
+                load_timeout: Duration::from_secs(5),
+                dirty_timeout: Duration::from_secs(60),
+            })?;
+            let disk = DiskTier::open(
+                DiskConfig::new(dir.join(&g.name), geo, 1 << 20),
+                Arc::clone(&engine),
+            )?;
+            let cfg = BlockStoreConfig {
+                workers: 1,
+                ..BlockStoreConfig::default()
+            };
+            let blocks = TieredBlockStore::new(Arc::clone(&dev), pool, disk, cfg)?;
+            if g.kind == Kind::Chain {
+                chain.insert(g.index, blocks);
+            } else {
+                snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));
+            }
+        }
+        Ok(Stores { dev, chain, snap })
+    }
+
+    fn buffer(&self, geo: Geometry, seed: u64) -> Result<Memory> {
+        let len = geo.shard_bytes * geo.shards_per_block as usize;
+        let host = self.dev.alloc_pinned(len)?;
+        host.write_host(0, &crate::device::conformance::pattern(seed, len))?;
+        let mem = self.dev.alloc_device(len)?;
+        let st = self.dev.create_stream()?;
+        self.dev
+            .copy_async(&st, &CopyRun::new(&mem, 0, &host, 0, len))?;
+        self.dev.synchronize_stream(&st)?;
+        Ok(mem)
+    }
+
+    /// Dumps the blocks of chain group `g` with ids `ids` (durably).
+    fn dump(&self, g: &Group, ids: &[Id]) -> Result<()> {
+        let store = &self.chain[&g.index];
+        let geo = store.disk().geometry();
+        let mem = self.buffer(geo, g.index as u64)?;
+        for id in ids {
+            if store.lookup(&[*id])[0] {
+                continue;
+            }
+            let items = (0..geo.shards_per_block)
+                .map(|s| TaskItem {
+                    block: *id,
+                    shard: s,
+                    memory: mem.clone(),
+                    offset: s as usize * geo.shard_bytes,
+                })
+                .collect();
+            let t = store.dump(items, None)?;
+            for (_, d) in t.wait_durable() {
+                if d != Durability::Durable {
+                    return Err(ExplainError::Scenario(format!(
+                        "dumping a block of `{}`: {d:?}",
+                        g.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a checkpoint of snapshot group `g` (durably).
+    fn put(&self, g: &Group, key: &SnapshotKey) -> Result<()> {
+        let store = &self.snap[&g.index];
+        if store.exists(key) {
+            return Ok(());
+        }
+        let geo = store.geometry();
+        let mem = self.buffer(geo, key.position)?;
+        let items = (0..geo.shards_per_block)
+            .map(|s| StateItem {
+                shard: s,
+                memory: mem.clone(),
+                offset: s as usize * geo.shard_bytes,
+            })
+            .collect();
+        let t = store.put(key, items, None)?;
+        for (_, d) in t.wait_durable() {
+            if d != Durability::Durable {
+                return Err(ExplainError::Scenario(format!(
+                    "putting a checkpoint of `{}`: {d:?}",
+                    g.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuilds a checkpoint directory from every snapshot store's
+    /// `enumerate` (a warm restart).
+    pub fn directory(&self, spec: &SpecTable) -> CheckpointDirectory {
+        let dir = CheckpointDirectory::new();
+        for g in spec.snapshot_groups() {
+            if let Some(s) = self.snap.get(&g.index) {
+                dir.rebuild(&g.name, s.enumerate());
+            }
+        }
+        dir
+    }
+}
+
+impl Presence for Stores {
+    fn lookup(&self, group: &Group, ids: &[Id]) -> Vec<bool> {
+        match self.chain.get(&group.index) {
+            Some(s) => s.lookup(ids),
+            None => vec![false; ids.len()],
+        }
+    }
+    fn lookup_on_prefix(&self, group: &Group, ids: &[Id]) -> usize {
+        match self.chain.get(&group.index) {
+            Some(s) => s.lookup_on_prefix(ids),
+            None => 0,
+        }
+    }
+}
+
+/// Materialises `sc` (unless `resolve_only`) and resolves it.
+pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result<Explanation> {
+    sc.validate(spec)?;
+    let tmp;
+    let dir = match &opts.store {
+        Some(d) => d.clone(),
+        None if opts.resolve_only => {
+            return Err(ExplainError::Scenario(
+                "--resolve-only needs --store (the store to reopen)".into(),
+            ))
+        }
+        None => {
+            let base = Path::new("/dev/shm");
+            tmp = if base.is_dir() {
+                tempfile::Builder::new()
+                    .prefix("ucm-explain-")
+                    .tempdir_in(base)
+            } else {
+                tempfile::Builder::new().prefix("ucm-explain-").tempdir()
+            }
+            .map_err(|e| ExplainError::Scenario(format!("temporary store: {e}")))?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let n = usize::try_from(sc.tokens)
+        .map_err(|_| ExplainError::Scenario(format!("{} tokens is too many", sc.tokens)))?;
+    let tokens = scenario_tokens(sc.seed, n);
+    let keys = RequestKeys {
+        cache_salt: sc.cache_salt.clone(),
+        extra_keys: Vec::new(),
+    };
+    let hashes = RequestHashes::compute(
+        spec,
+        Deployment {
+            tp_size: sc.tp_size,
+        },
+        &tokens,
+        &keys,
+    )?;
+    let stores = Stores::open(spec, &dir)?;
+    if !opts.resolve_only {
+        for (name, ranges) in &sc.held {
+            let g = spec.group(name)?;
+            for ids in &hashes.chains[g.index] {
+                let inside: Vec<Id> = ids
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| {
+                        let (a, b) = (*i as u64 * g.block, (*i as u64 + 1) * g.block);
+                        ranges.iter().any(|&[s, e]| s <= a && b <= e)
+                    })
+                    .map(|(_, id)| *id)
+                    .collect();
+                stores.dump(g, &inside)?;
+            }
+        }
+        for (name, ps) in &sc.checkpoints {
+            let g = spec.group(name)?;
+            for &p in ps {
+                for (r, ids) in hashes.chains[g.index].iter().enumerate() {
+                    let seed = &hashes.seeds[g.index][r];
+                    let hash = checkpoint_hash(seed, ids, &tokens, g.hash_block, p)?;
+                    let key = SnapshotKey {
+                        group: g.index as u32,
+                        position: p,
+                        hash,
+                    };
+                    stores.put(g, &key)?;
+                }
+            }
+        }
+    }
+    let directory = stores.directory(spec);
+    let r = resolve_hit(spec, &tokens, &hashes, &stores, &directory)?;
+    Ok(Explanation {
+        l: r.l,
+        p_star: r.p_star,
+        groups: r.groups.into_iter().collect(),
+    })
+}
