@@ -368,3 +368,37 @@ fn shipped_specs_load() {
     assert_eq!(s.chain_grid(), 128);
     assert_eq!(s.common_grid(), 128);
 }
+
+/// Lazy invalidation: a checkpoint whose load missed is forgotten and stops
+/// hitting; a rebuilt (position-less) entry hits like a registered one.
+#[test]
+fn directory_forget_and_rebuild() {
+    let spec = SpecTable::from_toml(
+        "model = \"d\"\n[[group]]\nname = \"a\"\nkind = \"chain\"\nblock_size = 64\nlayers = \"0\"\nbytes_per_token = 2\n[[group]]\nname = \"s\"\nkind = \"snapshot\"\ngrid = 64\nlayers = \"1\"\nstate_bytes = 64\n",
+    )
+    .unwrap();
+    let t = tokens(3, 640);
+    let h = RequestHashes::compute(&spec, DEP, &t, &RequestKeys::default()).unwrap();
+    let mut pres = MemPresence::default();
+    pres.put("a", h.chains[0][0].clone());
+    let s = spec.group("s").unwrap();
+    let c = |p| checkpoint_hash(&h.seeds[s.index][0], &h.chains[s.index][0], &t, 64, p).unwrap();
+    let dir = CheckpointDirectory::new();
+    dir.register("s", 256, c(256));
+    dir.register("s", 512, c(512));
+    assert_eq!(resolve_hit(&spec, &t, &h, &pres, &dir).unwrap().p_star, 512);
+    // The load of 512 missed (evicted from the store): the entry dies.
+    assert!(dir.forget("s", &c(512)));
+    assert!(!dir.forget("s", &c(512)));
+    assert_eq!(resolve_hit(&spec, &t, &h, &pres, &dir).unwrap().p_star, 256);
+    assert_eq!(dir.positions("s"), vec![256]);
+    // Warm restart: only hashes come back, and they hit the same.
+    let warm = CheckpointDirectory::new();
+    assert_eq!(warm.rebuild("s", [c(256), c(512)]), 2);
+    assert_eq!(
+        resolve_hit(&spec, &t, &h, &pres, &warm).unwrap().p_star,
+        512
+    );
+    assert_eq!(warm.len("s"), 2);
+    assert!(warm.positions("s").is_empty());
+}
