@@ -5,9 +5,11 @@
 //! has checkpoints. [`explain`] materialises it in a **real** store on the
 //! host device (one BlockStore instance per chain group, one SnapshotStore
 //! per snapshot group, under one directory): the blocks lying wholly inside
-//! the held ranges are dumped, the checkpoints are put. It then rebuilds the
-//! checkpoint directory from the snapshot stores' `enumerate` (a warm
-//! restart) and runs the real [`resolve_hit`] through the stores' presence.
+//! the held ranges are dumped, the checkpoints are put and registered in the
+//! checkpoint directory as each put completes. It then adds what the
+//! snapshot stores `enumerate` (a warm restart, for checkpoints an earlier
+//! process stored) and runs the real [`resolve_hit`] through the stores'
+//! presence.
 //!
 //! With a kept store directory ([`ExplainOptions::store`]) a second run with
 //! [`ExplainOptions::resolve_only`] reopens the stores without writing
@@ -297,10 +299,12 @@ impl Stores {
         Ok(())
     }
 
-    /// Puts a checkpoint of snapshot group `g` (durably).
-    fn put(&self, g: &Group, key: &SnapshotKey) -> Result<()> {
+    /// Puts a checkpoint of snapshot group `g` (durably); on completion it
+    /// is registered in `directory`.
+    fn put(&self, g: &Group, key: &SnapshotKey, directory: &CheckpointDirectory) -> Result<()> {
         let store = &self.snap[&g.index];
         if store.exists(key) {
+            directory.put_completed(&g.name, key.position, key.hash, true);
             return Ok(());
         }
         let geo = store.geometry();
@@ -313,27 +317,26 @@ impl Stores {
             })
             .collect();
         let t = store.put(key, items, None)?;
-        for (_, d) in t.wait_durable() {
-            if d != Durability::Durable {
-                return Err(ExplainError::Scenario(format!(
-                    "putting a checkpoint of `{}`: {d:?}",
-                    g.name
-                )));
-            }
+        let durable = t.wait_durable();
+        let stored = durable.iter().all(|(_, d)| *d == Durability::Durable);
+        directory.put_completed(&g.name, key.position, key.hash, stored);
+        match durable.into_iter().find(|(_, d)| *d != Durability::Durable) {
+            Some((_, d)) => Err(ExplainError::Scenario(format!(
+                "putting a checkpoint of `{}`: {d:?}",
+                g.name
+            ))),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// Rebuilds a checkpoint directory from every snapshot store's
+    /// Refills a checkpoint directory from every snapshot store's
     /// `enumerate` (a warm restart).
-    pub fn directory(&self, spec: &SpecTable) -> CheckpointDirectory {
-        let dir = CheckpointDirectory::new();
+    pub fn rebuild_directory(&self, spec: &SpecTable, dir: &CheckpointDirectory) {
         for g in spec.snapshot_groups() {
             if let Some(s) = self.snap.get(&g.index) {
                 dir.rebuild(&g.name, s.enumerate());
             }
         }
-        dir
     }
 }
 
@@ -392,6 +395,7 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
         &keys,
     )?;
     let stores = Stores::open(spec, &dir)?;
+    let directory = CheckpointDirectory::new();
     if !opts.resolve_only {
         for (name, ranges) in &sc.held {
             let g = spec.group(name)?;
@@ -419,12 +423,14 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
                         position: p,
                         hash,
                     };
-                    stores.put(g, &key)?;
+                    stores.put(g, &key, &directory)?;
                 }
             }
         }
     }
-    let directory = stores.directory(spec);
+    // What an earlier process stored (a warm restart; a no-op on entries the
+    // puts above registered).
+    stores.rebuild_directory(spec, &directory);
     let r = resolve_hit(spec, &tokens, &hashes, &stores, &directory)?;
     Ok(Explanation {
         l: r.l,

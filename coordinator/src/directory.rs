@@ -39,6 +39,17 @@ impl CheckpointDirectory {
             .insert(hash, Some(position));
     }
 
+    /// The completion callback of a put: registers the checkpoint when
+    /// every layer of it was stored (`stored`), and leaves the directory
+    /// alone otherwise (a partial checkpoint is never a candidate). Returns
+    /// whether it registered.
+    pub fn put_completed(&self, group: &str, position: u64, hash: Id, stored: bool) -> bool {
+        if stored {
+            self.register(group, position, hash);
+        }
+        stored
+    }
+
     /// Removes an entry whose load missed (lazy invalidation). Returns
     /// whether it was there.
     pub fn forget(&self, group: &str, hash: &Id) -> bool {

@@ -384,8 +384,10 @@ fn directory_forget_and_rebuild() {
     let s = spec.group("s").unwrap();
     let c = |p| checkpoint_hash(&h.seeds[s.index][0], &h.chains[s.index][0], &t, 64, p).unwrap();
     let dir = CheckpointDirectory::new();
-    dir.register("s", 256, c(256));
-    dir.register("s", 512, c(512));
+    // A put that did not store every layer registers nothing.
+    assert!(!dir.put_completed("s", 576, c(576), false));
+    assert!(dir.put_completed("s", 256, c(256), true));
+    assert!(dir.put_completed("s", 512, c(512), true));
     assert_eq!(resolve_hit(&spec, &t, &h, &pres, &dir).unwrap().p_star, 512);
     // The load of 512 missed (evicted from the store): the entry dies.
     assert!(dir.forget("s", &c(512)));
