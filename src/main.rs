@@ -104,6 +104,9 @@ struct StoreArgs {
     /// Do not run fio even when installed.
     #[arg(long)]
     no_fio: bool,
+    /// Rounds, interleaved with the limits; the best of each side counts.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
 }
 
 #[derive(Args)]
@@ -413,6 +416,7 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         bytes: to_usize(a.size)?,
         use_fio: !a.no_fio,
         lookups: 10_000,
+        reps: a.reps,
     };
     let records = storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
     for r in &records {

@@ -17,7 +17,7 @@
 //! Geometry is configuration: tasks carry block ids, shards and device
 //! addresses, never sizes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -25,7 +25,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use ucm_device::{CopyRun, Device, IoBuf, Memory};
 
-use crate::disk::DiskTier;
+use crate::disk::{DiskTier, ReadSession};
 use crate::error::{Result, StoreError};
 use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
@@ -74,17 +74,81 @@ pub enum Durability {
     Failed(String),
 }
 
+/// Progress of a task, which the store may have split into parts (by
+/// block) that run on different workers.
 #[derive(Default)]
 struct TaskState {
-    /// Shards whose copies completed, with their items' outcomes.
-    shards_done: HashMap<u32, Vec<(BlockId, ItemOutcome)>>,
+    /// Per shard: each part's item outcomes, by part index.
+    shards_done: HashMap<u32, BTreeMap<usize, Vec<(BlockId, ItemOutcome)>>>,
+    /// Per shard: parts that have yet to report it.
+    shard_left: HashMap<u32, usize>,
+    /// Parts whose copies are still running.
+    parts_left: usize,
+    /// Dump parts whose write-behind is still running.
+    durable_left: usize,
+    /// Durability reported so far, by part index.
+    durable_parts: BTreeMap<usize, Vec<(BlockId, Durability)>>,
     done: bool,
     durable: Option<Vec<(BlockId, Durability)>>,
+}
+
+impl TaskState {
+    fn shard_outcomes(&self, shard: u32) -> Vec<(BlockId, ItemOutcome)> {
+        self.shards_done
+            .get(&shard)
+            .map(|parts| parts.values().flatten().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 struct TaskShared {
     state: Mutex<TaskState>,
     cv: Condvar,
+}
+
+/// One part of a task, as a worker reports it.
+struct Part<'a> {
+    shared: &'a TaskShared,
+    index: usize,
+}
+
+impl Part<'_> {
+    /// The part's items of `shard` completed with `outcomes`.
+    fn shard(&self, shard: u32, outcomes: Vec<(BlockId, ItemOutcome)>) {
+        self.shared.update(|st| {
+            st.shards_done
+                .entry(shard)
+                .or_default()
+                .insert(self.index, outcomes);
+            if let Some(left) = st.shard_left.get_mut(&shard) {
+                *left = left.saturating_sub(1);
+            }
+        });
+    }
+
+    /// Every copy of the part completed.
+    fn done(&self) {
+        self.shared.update(|st| {
+            st.parts_left = st.parts_left.saturating_sub(1);
+            st.done = st.parts_left == 0;
+        });
+    }
+
+    /// The part's write-behind ended with `durable`.
+    fn durable(&self, durable: Vec<(BlockId, Durability)>) {
+        self.shared.update(|st| {
+            st.durable_parts.insert(self.index, durable);
+            st.durable_left = st.durable_left.saturating_sub(1);
+            if st.durable_left == 0 {
+                st.durable = Some(
+                    std::mem::take(&mut st.durable_parts)
+                        .into_values()
+                        .flatten()
+                        .collect(),
+                );
+            }
+        });
+    }
 }
 
 impl TaskShared {
@@ -118,16 +182,15 @@ impl TaskHandle {
         lock(&self.shared.state).done
     }
 
-    /// Waits for every item; returns each item's outcome (by shard, then
-    /// submission order within the shard).
+    /// Waits for every item; returns each item's outcome, by shard, then
+    /// in the order of the blocks' first appearance in the task (which is
+    /// submission order for block-major and shard-major tasks).
     pub fn wait(&self) -> Vec<(BlockId, u32, ItemOutcome)> {
         self.shared.wait_until(|st| {
             st.done.then(|| {
                 let mut out = Vec::new();
                 for s in &self.shards {
-                    if let Some(items) = st.shards_done.get(s) {
-                        out.extend(items.iter().map(|(b, o)| (*b, *s, o.clone())));
-                    }
+                    out.extend(st.shard_outcomes(*s).into_iter().map(|(b, o)| (b, *s, o)));
                 }
                 out
             })
@@ -137,12 +200,12 @@ impl TaskHandle {
     /// Waits for the items of one shard only (a layer is ready as soon as
     /// its shards are).
     pub fn wait_shard(&self, shard: u32) -> Vec<(BlockId, ItemOutcome)> {
-        self.shared.wait_until(|st| {
-            st.shards_done
-                .get(&shard)
-                .cloned()
-                .or_else(|| st.done.then(Vec::new))
-        })
+        self.shared
+            .wait_until(|st| match st.shard_left.get(&shard) {
+                Some(0) => Some(st.shard_outcomes(shard)),
+                Some(_) => None,
+                None => st.done.then(Vec::new),
+            })
     }
 
     /// Dump tasks: waits until every block of the task is durable, failed,
@@ -274,9 +337,14 @@ pub trait BlockStore<D: Device> {
 }
 
 enum Job<D: Device> {
-    Load(Vec<TaskItem>, Arc<TaskShared>),
-    Dump(Vec<TaskItem>, Option<Arc<D::Event>>, Arc<TaskShared>),
+    Load(Vec<TaskItem>, Arc<TaskShared>, usize),
+    Dump(Vec<TaskItem>, Option<Arc<D::Event>>, Arc<TaskShared>, usize),
 }
+
+/// Tasks moving at least this many bytes are split by block across the
+/// workers; smaller ones run whole on one worker (a split costs more than
+/// it saves on a few shards).
+const SPLIT_MIN_BYTES: usize = 4 << 20;
 
 struct Inner<D: Device> {
     dev: Arc<D>,
@@ -294,6 +362,7 @@ struct Inner<D: Device> {
 pub struct TieredBlockStore<D: Device> {
     inner: Arc<Inner<D>>,
     tx: Option<Sender<Job<D>>>,
+    submitting: Mutex<()>,
     workers: Vec<JoinHandle<()>>,
 }
 
@@ -342,9 +411,13 @@ impl<D: Device> TieredBlockStore<D> {
                     .spawn(move || {
                         for job in rx {
                             match job {
-                                Job::Load(items, t) => inner.run_load(&stream, items, &t),
-                                Job::Dump(items, after, t) => {
-                                    inner.run_dump(&stream, items, after.as_deref(), &t)
+                                Job::Load(items, t, index) => {
+                                    let part = Part { shared: &t, index };
+                                    inner.run_load(&stream, items, &part)
+                                }
+                                Job::Dump(items, after, t, index) => {
+                                    let part = Part { shared: &t, index };
+                                    inner.run_dump(&stream, items, after.as_deref(), &part)
                                 }
                             }
                         }
@@ -355,6 +428,7 @@ impl<D: Device> TieredBlockStore<D> {
         Ok(TieredBlockStore {
             inner,
             tx: Some(tx),
+            submitting: Mutex::new(()),
             workers,
         })
     }
@@ -425,10 +499,10 @@ impl<D: Device> TieredBlockStore<D> {
 
     fn submit(
         &self,
-        items: &[TaskItem],
-        make: impl FnOnce(Arc<TaskShared>) -> Job<D>,
+        items: Vec<TaskItem>,
+        dump: Option<Option<Arc<D::Event>>>,
     ) -> Result<TaskHandle> {
-        for it in items {
+        for it in &items {
             self.inner.geo.check_shard(it.shard)?;
             let end = it.offset.checked_add(self.inner.geo.shard_bytes);
             if end.is_none_or(|e| e > it.memory.len()) {
@@ -442,16 +516,72 @@ impl<D: Device> TieredBlockStore<D> {
         let mut shards: Vec<u32> = items.iter().map(|i| i.shard).collect();
         shards.sort_unstable();
         shards.dedup();
+        let parts = self.split(items);
+        let mut st = TaskState {
+            parts_left: parts.len(),
+            durable_left: parts.len(),
+            ..TaskState::default()
+        };
+        for p in &parts {
+            let mut mine: Vec<u32> = p.iter().map(|i| i.shard).collect();
+            mine.sort_unstable();
+            mine.dedup();
+            for s in mine {
+                *st.shard_left.entry(s).or_default() += 1;
+            }
+        }
         let shared = Arc::new(TaskShared {
-            state: Mutex::new(TaskState::default()),
+            state: Mutex::new(st),
             cv: Condvar::new(),
         });
         let tx = self.tx.as_ref().ok_or(StoreError::QueueFull)?;
-        match tx.try_send(make(Arc::clone(&shared))) {
-            Ok(()) => Ok(TaskHandle { shared, shards }),
-            Err(TrySendError::Full(_)) => Err(StoreError::QueueFull),
-            Err(TrySendError::Disconnected(_)) => Err(StoreError::QueueFull),
+        // All parts or none: room is checked under the submit lock (only
+        // submitters fill the queue; workers only make room).
+        let _one = lock(&self.submitting);
+        if tx.capacity().unwrap_or(usize::MAX) - tx.len() < parts.len() {
+            return Err(StoreError::QueueFull);
         }
+        for (index, items) in parts.into_iter().enumerate() {
+            let t = Arc::clone(&shared);
+            let job = match &dump {
+                None => Job::Load(items, t, index),
+                Some(after) => Job::Dump(items, after.clone(), t, index),
+            };
+            match tx.try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    // Unreachable while the room check holds; never a
+                    // silent partial task.
+                    return Err(StoreError::QueueFull);
+                }
+            }
+        }
+        Ok(TaskHandle { shared, shards })
+    }
+
+    /// Splits a task by block (contiguous runs of blocks in order of first
+    /// appearance) into one part per worker, when it is large enough.
+    fn split(&self, items: Vec<TaskItem>) -> Vec<Vec<TaskItem>> {
+        let workers = self.inner.cfg.workers;
+        if workers < 2 || items.len().saturating_mul(self.inner.geo.shard_bytes) < SPLIT_MIN_BYTES {
+            return vec![items];
+        }
+        let mut order: HashMap<BlockId, usize> = HashMap::new();
+        for it in &items {
+            let n = order.len();
+            order.entry(it.block).or_insert(n);
+        }
+        let blocks = order.len();
+        let parts = workers.min(blocks);
+        if parts < 2 {
+            return vec![items];
+        }
+        let mut out: Vec<Vec<TaskItem>> = (0..parts).map(|_| Vec::new()).collect();
+        for it in items {
+            let b = order[&it.block];
+            out[b * parts / blocks].push(it);
+        }
+        out
     }
 }
 
@@ -475,13 +605,11 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     }
 
     fn load(&self, items: Vec<TaskItem>) -> Result<TaskHandle> {
-        let clone = items.clone();
-        self.submit(&clone, move |t| Job::Load(items, t))
+        self.submit(items, None)
     }
 
     fn dump(&self, items: Vec<TaskItem>, after: Option<Arc<D::Event>>) -> Result<TaskHandle> {
-        let clone = items.clone();
-        self.submit(&clone, move |t| Job::Dump(items, after, t))
+        self.submit(items, Some(after))
     }
 
     fn touch(&self, ids: &[BlockId]) {
@@ -531,8 +659,10 @@ impl<D: Device> Inner<D> {
         .collect()
     }
 
-    fn run_load(&self, stream: &D::Stream, items: Vec<TaskItem>, t: &TaskShared) {
+    fn run_load(&self, stream: &D::Stream, items: Vec<TaskItem>, t: &Part<'_>) {
         let shard_bytes = self.geo.shard_bytes;
+        // Each file is opened and its header read once per task part.
+        let mut session = ReadSession::default();
         for (shard, group) in self.by_shard(items) {
             let mut pins: Vec<SlotRef<'_>> = Vec::new();
             let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
@@ -573,7 +703,7 @@ impl<D: Device> Inner<D> {
                     .iter_mut()
                     .map(|(i, g)| (group[*i].block, vec![(shard, g.io_buf())]))
                     .collect();
-                reads.extend(self.disk.read_many(reqs));
+                reads.extend(self.disk.read_many_in(&mut session, reqs));
             }
             for ((i, mut g), read) in loads.into_iter().zip(reads) {
                 outcomes[i].1 = match read {
@@ -620,11 +750,9 @@ impl<D: Device> Inner<D> {
                     outcomes[i].1 = self.fail_item(format!("H2D copy: {e}"));
                 }
             }
-            t.update(|st| {
-                st.shards_done.insert(shard, outcomes);
-            });
+            t.shard(shard, outcomes);
         }
-        t.update(|st| st.done = true);
+        t.done();
     }
 
     fn run_dump(
@@ -632,28 +760,32 @@ impl<D: Device> Inner<D> {
         stream: &D::Stream,
         items: Vec<TaskItem>,
         after: Option<&D::Event>,
-        t: &TaskShared,
+        t: &Part<'_>,
     ) {
         let shard_bytes = self.geo.shard_bytes;
         if let Some(ev) = after {
             if let Err(e) = self.dev.stream_wait_event(stream, ev) {
                 let why = format!("waiting for the prerequisite event: {e}");
-                let blocks: Vec<BlockId> = items.iter().map(|i| i.block).collect();
-                t.update(|st| {
-                    for it in &items {
-                        st.shards_done
-                            .entry(it.shard)
-                            .or_default()
-                            .push((it.block, ItemOutcome::Failed(why.clone())));
-                    }
-                    st.done = true;
-                    st.durable = Some(
-                        blocks
-                            .iter()
-                            .map(|b| (*b, Durability::Failed(why.clone())))
-                            .collect(),
-                    );
-                });
+                let mut blocks: Vec<BlockId> = Vec::new();
+                for (shard, group) in self.by_shard(items) {
+                    let outcomes = group
+                        .iter()
+                        .map(|it| {
+                            if !blocks.contains(&it.block) {
+                                blocks.push(it.block);
+                            }
+                            (it.block, ItemOutcome::Failed(why.clone()))
+                        })
+                        .collect();
+                    t.shard(shard, outcomes);
+                }
+                t.done();
+                t.durable(
+                    blocks
+                        .iter()
+                        .map(|b| (*b, Durability::Failed(why.clone())))
+                        .collect(),
+                );
                 return;
             }
         }
@@ -719,15 +851,13 @@ impl<D: Device> Inner<D> {
                     }
                 }
             }
-            t.update(|st| {
-                st.shards_done.insert(shard, outcomes);
-            });
+            t.shard(shard, outcomes);
         }
-        t.update(|st| st.done = true);
+        t.done();
         // Write-behind: every block whose shards are all in the pool.
         let durable = self.write_behind(&blocks);
         drop(dumped);
-        t.update(|st| st.durable = Some(durable));
+        t.durable(durable);
     }
 
     /// Writes to disk, in batches, the blocks of `blocks` whose shards are

@@ -289,8 +289,8 @@ impl DiskTier {
             err: Option<StoreError>,
         }
         let mut pending: Vec<Pending> = Vec::with_capacity(blocks.len());
-        let mut reqs = Vec::new();
-        let mut owner = Vec::new(); // request -> pending index
+        // Per block: its write requests (header first).
+        let mut per_block: Vec<(usize, Vec<IoRequest>)> = Vec::new();
         for (id, shards) in blocks {
             let tmp = self.cfg.dir.join("tmp").join(format!(
                 "{}.{}.{}.tmp",
@@ -324,29 +324,48 @@ impl DiskTier {
                 Err(e) => p.err = Some(e.into()),
                 Ok(f) => {
                     let f = Arc::new(f);
-                    let i = pending.len();
-                    reqs.push(IoRequest::write(
+                    let mut mine = vec![IoRequest::write(
                         Arc::clone(&f),
                         0,
                         self.header(&id, &shards),
-                    ));
-                    owner.push(i);
+                    )];
                     for (k, s) in shards.into_iter().enumerate() {
-                        reqs.push(IoRequest::write(
+                        mine.push(IoRequest::write(
                             Arc::clone(&f),
                             self.header_bytes as u64 + k as u64 * sb,
                             s,
                         ));
-                        owner.push(i);
                     }
+                    per_block.push((pending.len(), mine));
                     p.file = Some(f);
                 }
             }
             pending.push(p);
         }
+        // Interleave the blocks' requests (shard k of every block, then
+        // shard k + 1, ...): concurrent writes then go to different files
+        // instead of queueing on one file's inode lock.
+        let mut reqs = Vec::new();
+        let mut owner = Vec::new(); // request -> pending index
+        let mut iters: Vec<(usize, std::vec::IntoIter<IoRequest>)> = per_block
+            .into_iter()
+            .map(|(i, v)| (i, v.into_iter()))
+            .collect();
+        loop {
+            let before = reqs.len();
+            for (i, it) in iters.iter_mut() {
+                if let Some(r) = it.next() {
+                    reqs.push(r);
+                    owner.push(*i);
+                }
+            }
+            if reqs.len() == before {
+                break;
+            }
+        }
         // Every write must succeed; the first error of a block wins.
         for (t, &i) in self.engine.submit(reqs).into_iter().zip(&owner) {
-            if let Err(e) = t.wait().result {
+            if let Err(e) = t.wait_blocking().result {
                 pending[i].err.get_or_insert(e.into());
             }
         }
@@ -362,7 +381,7 @@ impl DiskTier {
             .collect();
         let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = syncs.into_iter().unzip();
         for (t, i) in self.engine.submit(reqs).into_iter().zip(idx) {
-            if let Err(e) = t.wait().result {
+            if let Err(e) = t.wait_blocking().result {
                 pending[i].err.get_or_insert(e.into());
             }
         }
@@ -429,13 +448,33 @@ impl DiskTier {
         &self,
         reqs: Vec<(BlockId, Vec<(u32, IoBuf)>)>,
     ) -> Vec<Result<Option<Vec<IoBuf>>>> {
+        self.read_many_in(&mut ReadSession::default(), reqs)
+    }
+
+    /// As [`DiskTier::read_many`], reusing the open files and verified
+    /// headers that `session` remembers from earlier calls (a task that
+    /// reads one shard index at a time opens each file and reads its header
+    /// once). A remembered file stays readable even if GC unlinks it
+    /// meanwhile, and its bytes are the block's: blocks are content-addressed.
+    pub fn read_many_in(
+        &self,
+        session: &mut ReadSession,
+        reqs: Vec<(BlockId, Vec<(u32, IoBuf)>)>,
+    ) -> Vec<Result<Option<Vec<IoBuf>>>> {
         let sb = self.cfg.geometry.shard_bytes;
         let mut out: Vec<Option<Result<Option<Vec<IoBuf>>>>> = Vec::with_capacity(reqs.len());
         let mut ios = Vec::new();
         let mut owner = Vec::new();
+        // Per request: block, shards, and the file and checksums when the
+        // header was already verified (None: it is read with this batch).
         let mut shard_lists = Vec::with_capacity(reqs.len());
         for (i, (id, shards)) in reqs.into_iter().enumerate() {
-            shard_lists.push((id, shards.iter().map(|(s, _)| *s).collect::<Vec<u32>>()));
+            let known = session.files.get(&id).cloned();
+            shard_lists.push((
+                id,
+                shards.iter().map(|(s, _)| *s).collect::<Vec<u32>>(),
+                known.clone(),
+            ));
             let bad = shards.iter().find_map(|(s, b)| {
                 self.cfg.geometry.check_shard(*s).err().or_else(|| {
                     (b.len() != sb)
@@ -446,34 +485,49 @@ impl DiskTier {
                 out.push(Some(Err(bad)));
                 continue;
             }
-            let path = self.path_of(&id);
-            match IoFile::open(&path, OpenOptions::read_only()) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => out.push(Some(Ok(None))),
-                Err(e) => out.push(Some(Err(e.into()))),
-                Ok(f) => {
-                    let f = Arc::new(f);
-                    ios.push(IoRequest::read(
-                        Arc::clone(&f),
-                        0,
-                        IoBuf::new(self.header_bytes),
-                    ));
-                    owner.push(i);
-                    for (s, buf) in shards {
-                        ios.push(IoRequest::read(
-                            Arc::clone(&f),
-                            self.header_bytes as u64 + u64::from(s) * sb as u64,
-                            buf,
-                        ));
-                        owner.push(i);
+            let f = match known {
+                Some((f, _)) => f,
+                None => {
+                    let path = self.path_of(&id);
+                    match IoFile::open(&path, OpenOptions::read_only()) {
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                            out.push(Some(Ok(None)));
+                            continue;
+                        }
+                        Err(e) => {
+                            out.push(Some(Err(e.into())));
+                            continue;
+                        }
+                        Ok(f) => {
+                            let f = Arc::new(f);
+                            ios.push(IoRequest::read(
+                                Arc::clone(&f),
+                                0,
+                                IoBuf::new(self.header_bytes),
+                            ));
+                            owner.push(i);
+                            f
+                        }
                     }
-                    out.push(None);
                 }
+            };
+            for (s, buf) in shards {
+                ios.push(IoRequest::read(
+                    Arc::clone(&f),
+                    self.header_bytes as u64 + u64::from(s) * sb as u64,
+                    buf,
+                ));
+                owner.push(i);
             }
+            if !session.files.contains_key(&id) {
+                session.opened.push((id, f));
+            }
+            out.push(None);
         }
         // Outcomes per request: (bytes, buffer) in submission order, or the error.
         let mut got: Vec<Result<Parts>> = (0..shard_lists.len()).map(|_| Ok(Vec::new())).collect();
         for (t, &i) in self.engine.submit(ios).into_iter().zip(&owner) {
-            let o = t.wait();
+            let o = t.wait_blocking();
             if let Ok(v) = &mut got[i] {
                 match o.result {
                     Ok(n) => v.push((n, o.buf)),
@@ -481,30 +535,56 @@ impl DiskTier {
                 }
             }
         }
+        let opened: HashMap<BlockId, Arc<IoFile>> = session.opened.drain(..).collect();
         out.into_iter()
             .zip(got)
             .zip(shard_lists)
-            .map(|((done, got), (id, shards))| match done {
+            .map(|((done, got), (id, shards, known))| match done {
                 Some(r) => r,
-                None => got.and_then(|parts| self.verify(&id, &shards, parts)),
+                None => got.and_then(|parts| {
+                    let (crcs, parts) = match known {
+                        Some((_, crcs)) => (Some(crcs), parts),
+                        None => {
+                            let mut it = parts.into_iter();
+                            let crcs = it.next().and_then(|(n, b)| {
+                                let b = b?;
+                                (n == self.header_bytes)
+                                    .then(|| self.parse_header(&id, b.as_slice()))?
+                            });
+                            (crcs.map(Arc::new), it.collect())
+                        }
+                    };
+                    let r = self.verify(&id, &shards, crcs.as_deref().map(Vec::as_slice), parts);
+                    match (&r, crcs, opened.get(&id)) {
+                        // Remember a good header (bounded: the oldest go).
+                        (Ok(Some(_)), Some(c), Some(f)) => session.remember(id, Arc::clone(f), c),
+                        (Ok(Some(_)), _, _) => {}
+                        _ => {
+                            session.files.remove(&id);
+                        }
+                    }
+                    r
+                }),
             })
             .collect()
     }
 
-    /// Checks one block's header and shards as read.
-    fn verify(&self, id: &BlockId, shards: &[u32], parts: Parts) -> Result<Option<Vec<IoBuf>>> {
+    /// Checks one block's shards as read against its header's checksums
+    /// (`None`: the header failed its own check).
+    fn verify(
+        &self,
+        id: &BlockId,
+        shards: &[u32],
+        crcs: Option<&[u32]>,
+        parts: Parts,
+    ) -> Result<Option<Vec<IoBuf>>> {
         let sb = self.cfg.geometry.shard_bytes;
         let path = self.path_of(id);
-        let mut it = parts.into_iter();
-        let header_ok = it.next().and_then(|(n, b)| {
-            let b = b?;
-            (n == self.header_bytes).then(|| self.parse_header(id, b.as_slice()))?
-        });
-        let Some(crcs) = header_ok else {
+        let Some(crcs) = crcs else {
             return self.corrupt(id, &path, "header");
         };
         let mut bufs = Vec::with_capacity(shards.len());
-        for (&s, (n, b)) in shards.iter().zip(it) {
+        for (&s, (n, b)) in shards.iter().zip(parts) {
             let Some(b) = b else {
                 return self.corrupt(id, &path, "missing buffer");
             };
@@ -615,4 +695,29 @@ fn parse_hex(s: &str) -> Option<BlockId> {
         *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(id)
+}
+
+/// Open files and verified headers kept across the reads of one task (see
+/// [`DiskTier::read_many_in`]). Bounded; dropping it closes the files.
+#[derive(Default)]
+pub struct ReadSession {
+    files: HashMap<BlockId, (Arc<IoFile>, Arc<Vec<u32>>)>,
+    order: std::collections::VecDeque<BlockId>,
+    opened: Vec<(BlockId, Arc<IoFile>)>,
+}
+
+/// Files a [`ReadSession`] keeps open at most.
+const SESSION_FILES: usize = 256;
+
+impl ReadSession {
+    fn remember(&mut self, id: BlockId, f: Arc<IoFile>, crcs: Arc<Vec<u32>>) {
+        if self.files.insert(id, (f, crcs)).is_none() {
+            self.order.push_back(id);
+            while self.order.len() > SESSION_FILES {
+                if let Some(old) = self.order.pop_front() {
+                    self.files.remove(&old);
+                }
+            }
+        }
+    }
 }

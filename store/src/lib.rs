@@ -34,7 +34,7 @@ pub use block::{
     BlockStore, BlockStoreConfig, Durability, ItemOutcome, Lease, TaskHandle, TaskItem,
     TieredBlockStore,
 };
-pub use disk::{DiskConfig, DiskTier, GcReport};
+pub use disk::{DiskConfig, DiskTier, GcReport, ReadSession};
 pub use error::{Result, StoreError};
 pub use geometry::{BlockId, Geometry};
 pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};

@@ -138,6 +138,13 @@ impl IoTicket {
         self.rx.recv().unwrap_or_else(|_| Self::closed())
     }
 
+    /// Blocks until the operation completes, without polling first: for a
+    /// caller that waits on many tickets of one batch, where polling each
+    /// would only take cores from the threads completing them.
+    pub fn wait_blocking(self) -> IoOutput {
+        self.rx.recv().unwrap_or_else(|_| Self::closed())
+    }
+
     /// Waits at most `timeout`; gives the ticket back if still pending.
     pub fn wait_timeout(self, timeout: Duration) -> std::result::Result<IoOutput, IoTicket> {
         match self.rx.recv_timeout(timeout) {
