@@ -107,6 +107,9 @@ struct StoreArgs {
     /// Rounds, interleaved with the limits; the best of each side counts.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// The store's I/O engine: auto, io_uring, libaio or posix.
+    #[arg(long, default_value = "auto")]
+    engine: IoEngineKind,
 }
 
 #[derive(Args)]
@@ -417,6 +420,7 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         use_fio: !a.no_fio,
         lookups: 10_000,
         reps: a.reps,
+        engine: a.engine,
     };
     let records = storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
     for r in &records {
@@ -425,7 +429,7 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         } else {
             let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
             println!(
-                "{:<15} {:>6} KiB  {:>12}  limit {:>12}  ratio {}",
+                "{:<15} {:>6} KiB  {:>12}  limit {:>12}  ratio {}{}",
                 r.path,
                 r.shard_bytes >> 10,
                 r.gib_s
@@ -433,7 +437,10 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
                     .or(r.blocks_s.map(|b| format!("{b:.0} blk/s")))
                     .unwrap_or_default(),
                 opt(r.limit),
-                opt(r.ratio)
+                opt(r.ratio),
+                r.serial_ratio
+                    .map(|s| format!("  (vs fio+memcpy {s:.3})"))
+                    .unwrap_or_default()
             );
         }
     }

@@ -52,6 +52,8 @@ pub struct StoreBenchConfig {
     /// Rounds of every path and its limit, interleaved; the best of each
     /// side counts (the machines are shared and noisy).
     pub reps: usize,
+    /// The store's I/O engine.
+    pub engine: IoEngineKind,
 }
 
 impl Default for StoreBenchConfig {
@@ -64,6 +66,7 @@ impl Default for StoreBenchConfig {
             use_fio: true,
             lookups: 10_000,
             reps: 3,
+            engine: IoEngineKind::Auto,
         }
     }
 }
@@ -85,6 +88,15 @@ pub struct StoreBenchRecord {
     pub limit: Option<f64>,
     /// Ours over the limit.
     pub ratio: Option<f64>,
+    /// Disk paths on the host device: the limit of doing fio's transfer
+    /// and a memcpy of the same bytes one after the other, `1 / (1/fio +
+    /// 1/memcpy)`: a host-device dump or load moves every byte twice
+    /// (device <-> pool, pool <-> file) where fio moves it once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial_limit: Option<f64>,
+    /// Ours over `serial_limit`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial_ratio: Option<f64>,
 }
 
 /// Errors of the store bench.
@@ -122,7 +134,26 @@ fn record(
         blocks_s: lookups.then(|| ours.round()),
         limit: limit.map(|l| if lookups { l.round() } else { r3(l) }),
         ratio: limit.filter(|l| *l > 0.0).map(|l| r3(ours / l)),
+        serial_limit: None,
+        serial_ratio: None,
     }
+}
+
+/// A disk-path record with its serial (fio then memcpy) limit.
+fn disk_record(
+    path: &str,
+    shard_bytes: usize,
+    ours: f64,
+    fio: Option<f64>,
+    memcpy: f64,
+) -> StoreBenchRecord {
+    let mut r = record(path, shard_bytes, ours, fio, false);
+    if let Some(f) = fio.filter(|f| *f > 0.0 && memcpy > 0.0) {
+        let serial = 1.0 / (1.0 / f + 1.0 / memcpy);
+        r.serial_limit = Some(r3(serial));
+        r.serial_ratio = Some(r3(ours / serial));
+    }
+    r
 }
 
 fn id(n: u64) -> BlockId {
@@ -137,6 +168,7 @@ fn open_store(
     dir: &Path,
     geo: Geometry,
     slots: usize,
+    kind: IoEngineKind,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
     let ways = 256.min(slots);
     let pool = ClockPool::open(PoolConfig {
@@ -147,7 +179,7 @@ fn open_store(
         load_timeout: std::time::Duration::from_secs(5),
         dirty_timeout: std::time::Duration::from_secs(600),
     })?;
-    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build()?);
+    let engine = Arc::from(IoEngineConfig::new(kind).build()?);
     let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
     let cfg = BlockStoreConfig {
         workers: 2,
@@ -195,7 +227,7 @@ pub fn run(
         for &shard_bytes in &cfg.shard_sizes {
             out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
         }
-        out.extend(run_lookups(&root, cfg.lookups, &mut progress)?);
+        out.extend(run_lookups(&root, cfg.lookups, cfg.engine, &mut progress)?);
         Ok(out)
     })();
     let _ = std::fs::remove_dir_all(&root);
@@ -270,7 +302,7 @@ fn run_size(
         progress(&format!("round {}/{reps}", rep + 1));
         let rdir = dir.join(format!("r{rep}"));
         // dump_cold, against fio writing the same bytes (a new file).
-        let st = open_store(&dev, &rdir, geo, slots)?;
+        let st = open_store(&dev, &rdir, geo, slots, cfg.engine)?;
         let t = Instant::now();
         let h = st.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
         expect_ok(&h.wait(), "dump")?;
@@ -290,7 +322,7 @@ fn run_size(
         progress(&format!("dump_cold: {ours:.3} GiB/s (fio {w:?})"));
 
         // load_cold: a fresh store (empty pool), everything from disk.
-        let st = open_store(&dev, &rdir, geo, slots)?;
+        let st = open_store(&dev, &rdir, geo, slots, cfg.engine)?;
         let t = Instant::now();
         expect_ok(
             &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
@@ -335,8 +367,8 @@ fn run_size(
     }
     let _ = std::fs::remove_file(&fio_file);
     Ok(vec![
-        record("dump_cold", shard_bytes, dump, fio_w, false),
-        record("load_cold", shard_bytes, load_cold, fio_r, false),
+        disk_record("dump_cold", shard_bytes, dump, fio_w, memcpy),
+        disk_record("load_cold", shard_bytes, load_cold, fio_r, memcpy),
         record("load_warm", shard_bytes, warm, Some(memcpy), false),
         record(
             "load_layerwise",
@@ -351,6 +383,7 @@ fn run_size(
 fn run_lookups(
     root: &Path,
     total: usize,
+    kind: IoEngineKind,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
     let geo = Geometry {
@@ -361,7 +394,7 @@ fn run_lookups(
     let present = total - total / 10;
     let dev = Arc::new(HostDevice::new());
     let dir = root.join("lookup");
-    let st = open_store(&dev, &dir, geo, 2 * total)?;
+    let st = open_store(&dev, &dir, geo, 2 * total, kind)?;
     let src = dev.alloc_device(present * 4096)?;
     let h = st.dump(task(geo, present, &src, 0..1), None)?;
     expect_ok(&h.wait(), "lookup setup")?;
@@ -386,7 +419,7 @@ fn run_lookups(
     drop(st);
 
     // lookup_disk: a fresh store, empty pool: presence from the files.
-    let st = open_store(&dev, &dir, geo, 64)?;
+    let st = open_store(&dev, &dir, geo, 64, kind)?;
     let t = Instant::now();
     let hits = st.lookup(&ids).iter().filter(|&&p| p).count();
     let ours = total as f64 / t.elapsed().as_secs_f64();
@@ -423,6 +456,7 @@ mod tests {
             use_fio: false,
             lookups: 200,
             reps: 2,
+            engine: IoEngineKind::Auto,
         };
         let recs = run(&cfg, |_| {}).unwrap();
         let paths: Vec<_> = recs.iter().map(|r| r.path.as_str()).collect();
