@@ -353,3 +353,46 @@ fn sigkill_mid_write_leaves_whole_blocks_or_misses() {
     eprintln!("20 SIGKILL trials: {total} whole blocks survived, no partial one was read");
     assert!(total > 0, "the child never wrote a block");
 }
+
+/// A read session opens each file and checks its header once: later shard
+/// reads of the same block reuse them, a shard that fails its checksum is
+/// still a miss, and an unlinked file stays readable through the session
+/// (its bytes are the block's) while a fresh read misses.
+#[test]
+fn a_read_session_reuses_files_and_headers() {
+    use ucm_store::ReadSession;
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), GEO, 1000);
+    for n in 0..4 {
+        t.write_block(&id(n), shards(GEO, n)).unwrap();
+    }
+    let mut session = ReadSession::default();
+    let read = |t: &DiskTier, session: &mut ReadSession, n: u64, s: u32| {
+        let mut r = t.read_many_in(
+            session,
+            vec![(id(n), vec![(s, IoBuf::new(GEO.shard_bytes))])],
+        );
+        r.pop().unwrap().unwrap()
+    };
+    for s in 0..GEO.shards_per_block {
+        for n in 0..4 {
+            let got = read(&t, &mut session, n, s).expect("present");
+            assert_eq!(got[0].as_slice(), shard_bytes(GEO, n, s));
+        }
+    }
+    // Corrupt shard 5 of block 1 on disk: still a miss through the session.
+    let path = t.path_of(&id(1));
+    let mut bytes = fs::read(&path).unwrap();
+    let at = bytes.len() - 3 * GEO.shard_bytes + 7;
+    bytes[at] ^= 0xff;
+    fs::write(&path, &bytes).unwrap();
+    assert!(
+        read(&t, &mut session, 1, 5).is_none(),
+        "a bad shard is a miss"
+    );
+    // Unlinked block 2: the session still reads it; a fresh read misses.
+    fs::remove_file(t.path_of(&id(2))).unwrap();
+    let got = read(&t, &mut session, 2, 3).expect("open file still readable");
+    assert_eq!(got[0].as_slice(), shard_bytes(GEO, 2, 3));
+    assert!(t.read_shards(&id(2), &[3]).unwrap().is_none());
+}
