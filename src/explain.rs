@@ -15,25 +15,23 @@
 //! [`ExplainOptions::resolve_only`] reopens the stores without writing
 //! anything: a restarted process gets the same answer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::coordinator::adapter::{StoreSet, StoreSetConfig, UnitMap};
 use crate::coordinator::hash::{checkpoint_hash, Id};
 use crate::coordinator::resolve::GroupVote;
 use crate::coordinator::{
-    resolve_hit, CheckpointDirectory, CoordError, Deployment, Group, Kind, Presence, RequestHashes,
+    resolve_hit, CheckpointDirectory, CoordError, Deployment, Group, Kind, RequestHashes,
     RequestKeys, SpecTable,
 };
-use crate::device::io::DIRECT_IO_ALIGN;
-use crate::device::{CopyRun, Device, HostDevice, IoEngine, IoEngineConfig, IoEngineKind, Memory};
+use crate::device::{CopyRun, Device, HostDevice, Memory};
 use crate::store::{
-    BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry,
-    PoolConfig, PoolMode, SnapshotKey, SnapshotStore, StateItem, StoreError, TaskItem,
-    TieredBlockStore, TieredSnapshotStore,
+    BlockStore, Durability, Geometry, SnapshotKey, SnapshotStore, StateItem, StoreError,
+    TaskItem,
 };
 
 /// What can go wrong in `ucm explain`.
@@ -199,160 +197,86 @@ pub struct ExplainOptions {
     pub resolve_only: bool,
 }
 
-fn padded(bytes: u64) -> usize {
-    let a = DIRECT_IO_ALIGN as u64;
-    (bytes.div_ceil(a) * a) as usize
-}
-
-/// The stores of one spec on the host device: a BlockStore per chain
-/// group, a SnapshotStore per snapshot group.
-pub struct Stores {
-    dev: Arc<HostDevice>,
-    chain: HashMap<usize, TieredBlockStore<HostDevice>>,
-    snap: HashMap<usize, TieredSnapshotStore<HostDevice>>,
-}
-
-impl Stores {
-    /// Opens (or creates) every group's store under `dir/<group name>`.
-    /// A directory holding another geometry is an error.
-    pub fn open(spec: &SpecTable, dir: &Path) -> Result<Self> {
-        let dev = Arc::new(HostDevice::new());
-        let engine: Arc<dyn IoEngine> = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build()?);
-        let mut chain = HashMap::new();
-        let mut snap = HashMap::new();
-        for g in spec.groups() {
-            let (shard, shards) = match g.kind {
-                Kind::Chain => (padded(g.unit_bytes * g.block), g.layers.len() as u32),
-                Kind::Snapshot => (padded(g.unit_bytes), g.layers.len() as u32),
-                Kind::Sidecar | Kind::None => continue,
-            };
-            let geo = Geometry {
-                shard_bytes: shard,
-                shards_per_block: shards,
-            };
-            let slots = (2 * shards as usize).max(8);
-            let pool = ClockPool::open(PoolConfig {
-                shard_bytes: shard,
-                slots,
-                ways: slots,
-                mode: PoolMode::Private,
-                load_timeout: Duration::from_secs(5),
-                dirty_timeout: Duration::from_secs(60),
-            })?;
-            let disk = DiskTier::open(
-                DiskConfig::new(dir.join(&g.name), geo, 1 << 20),
-                Arc::clone(&engine),
-            )?;
-            let cfg = BlockStoreConfig {
-                workers: 1,
-                ..BlockStoreConfig::default()
-            };
-            let blocks = TieredBlockStore::new(Arc::clone(&dev), pool, disk, cfg)?;
-            if g.kind == Kind::Chain {
-                chain.insert(g.index, blocks);
-            } else {
-                snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));
-            }
+/// Dumps the blocks of chain group `g` with ids `ids` (durably).
+fn dump(stores: &StoreSet<HostDevice>, dev: &HostDevice, g: &Group, ids: &[Id]) -> Result<()> {
+    let store = stores
+        .blocks(g.index)
+        .ok_or_else(|| ExplainError::Scenario(format!("`{}` has no block store", g.name)))?;
+    let geo = store.disk().geometry();
+    let mem = buffer(dev, geo, g.index as u64)?;
+    for id in ids {
+        if store.lookup(&[*id])[0] {
+            continue;
         }
-        Ok(Stores { dev, chain, snap })
-    }
-
-    fn buffer(&self, geo: Geometry, seed: u64) -> Result<Memory> {
-        let len = geo.shard_bytes * geo.shards_per_block as usize;
-        let host = self.dev.alloc_pinned(len)?;
-        host.write_host(0, &crate::device::conformance::pattern(seed, len))?;
-        let mem = self.dev.alloc_device(len)?;
-        let st = self.dev.create_stream()?;
-        self.dev
-            .copy_async(&st, &CopyRun::new(&mem, 0, &host, 0, len))?;
-        self.dev.synchronize_stream(&st)?;
-        Ok(mem)
-    }
-
-    /// Dumps the blocks of chain group `g` with ids `ids` (durably).
-    fn dump(&self, g: &Group, ids: &[Id]) -> Result<()> {
-        let store = &self.chain[&g.index];
-        let geo = store.disk().geometry();
-        let mem = self.buffer(geo, g.index as u64)?;
-        for id in ids {
-            if store.lookup(&[*id])[0] {
-                continue;
-            }
-            let items = (0..geo.shards_per_block)
-                .map(|s| TaskItem {
-                    block: *id,
-                    shard: s,
-                    memory: mem.clone(),
-                    offset: s as usize * geo.shard_bytes,
-                })
-                .collect();
-            let t = store.dump(items, None)?;
-            for (_, d) in t.wait_durable() {
-                if d != Durability::Durable {
-                    return Err(ExplainError::Scenario(format!(
-                        "dumping a block of `{}`: {d:?}",
-                        g.name
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Puts a checkpoint of snapshot group `g` (durably); on completion it
-    /// is registered in `directory`.
-    fn put(&self, g: &Group, key: &SnapshotKey, directory: &CheckpointDirectory) -> Result<()> {
-        let store = &self.snap[&g.index];
-        if store.exists(key) {
-            directory.put_completed(&g.name, key.position, key.hash, true);
-            return Ok(());
-        }
-        let geo = store.geometry();
-        let mem = self.buffer(geo, key.position)?;
         let items = (0..geo.shards_per_block)
-            .map(|s| StateItem {
+            .map(|s| TaskItem {
+                block: *id,
                 shard: s,
                 memory: mem.clone(),
                 offset: s as usize * geo.shard_bytes,
             })
             .collect();
-        let t = store.put(key, items, None)?;
-        let durable = t.wait_durable();
-        let stored = durable.iter().all(|(_, d)| *d == Durability::Durable);
-        directory.put_completed(&g.name, key.position, key.hash, stored);
-        match durable.into_iter().find(|(_, d)| *d != Durability::Durable) {
-            Some((_, d)) => Err(ExplainError::Scenario(format!(
-                "putting a checkpoint of `{}`: {d:?}",
-                g.name
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Refills a checkpoint directory from every snapshot store's
-    /// `enumerate` (a warm restart).
-    pub fn rebuild_directory(&self, spec: &SpecTable, dir: &CheckpointDirectory) {
-        for g in spec.snapshot_groups() {
-            if let Some(s) = self.snap.get(&g.index) {
-                dir.rebuild(&g.name, s.enumerate());
+        let t = store.dump(items, None)?;
+        for (_, d) in t.wait_durable() {
+            if d != Durability::Durable {
+                return Err(ExplainError::Scenario(format!(
+                    "dumping a block of `{}`: {d:?}",
+                    g.name
+                )));
             }
         }
     }
+    Ok(())
 }
 
-impl Presence for Stores {
-    fn lookup(&self, group: &Group, ids: &[Id]) -> Vec<bool> {
-        match self.chain.get(&group.index) {
-            Some(s) => s.lookup(ids),
-            None => vec![false; ids.len()],
-        }
+/// Puts a checkpoint of snapshot group `g` (durably); on completion it is
+/// registered in `directory`.
+fn put(
+    stores: &StoreSet<HostDevice>,
+    dev: &HostDevice,
+    g: &Group,
+    key: &SnapshotKey,
+    directory: &CheckpointDirectory,
+) -> Result<()> {
+    let store = stores
+        .snapshots(g.index)
+        .ok_or_else(|| ExplainError::Scenario(format!("`{}` has no snapshot store", g.name)))?;
+    if store.exists(key) {
+        directory.put_completed(&g.name, key.position, key.hash, true);
+        return Ok(());
     }
-    fn lookup_on_prefix(&self, group: &Group, ids: &[Id]) -> usize {
-        match self.chain.get(&group.index) {
-            Some(s) => s.lookup_on_prefix(ids),
-            None => 0,
-        }
+    let geo = store.geometry();
+    let mem = buffer(dev, geo, key.position)?;
+    let items = (0..geo.shards_per_block)
+        .map(|s| StateItem {
+            shard: s,
+            memory: mem.clone(),
+            offset: s as usize * geo.shard_bytes,
+        })
+        .collect();
+    let t = store.put(key, items, None)?;
+    let durable = t.wait_durable();
+    let stored = durable.iter().all(|(_, d)| *d == Durability::Durable);
+    directory.put_completed(&g.name, key.position, key.hash, stored);
+    match durable.into_iter().find(|(_, d)| *d != Durability::Durable) {
+        Some((_, d)) => Err(ExplainError::Scenario(format!(
+            "putting a checkpoint of `{}`: {d:?}",
+            g.name
+        ))),
+        None => Ok(()),
     }
+}
+
+/// A device buffer of one block or checkpoint, filled deterministically.
+fn buffer(dev: &HostDevice, geo: Geometry, seed: u64) -> Result<Memory> {
+    let len = geo.shard_bytes * geo.shards_per_block as usize;
+    let host = dev.alloc_pinned(len)?;
+    host.write_host(0, &crate::device::conformance::pattern(seed, len))?;
+    let mem = dev.alloc_device(len)?;
+    let st = dev.create_stream()?;
+    dev.copy_async(&st, &CopyRun::new(&mem, 0, &host, 0, len))?;
+    dev.synchronize_stream(&st)?;
+    Ok(mem)
 }
 
 /// Materialises `sc` (unless `resolve_only`) and resolves it.
@@ -394,7 +318,14 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
         &tokens,
         &keys,
     )?;
-    let stores = Stores::open(spec, &dir)?;
+    let dev = Arc::new(HostDevice::new());
+    let units = UnitMap::new(spec);
+    let cfg = StoreSetConfig {
+        pool_slots: 8,
+        workers: 1,
+        ..StoreSetConfig::default()
+    };
+    let stores = StoreSet::open(spec, &units, &dir, Arc::clone(&dev), &cfg)?;
     let directory = CheckpointDirectory::new();
     if !opts.resolve_only {
         for (name, ranges) in &sc.held {
@@ -409,7 +340,7 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
                     })
                     .map(|(_, id)| *id)
                     .collect();
-                stores.dump(g, &inside)?;
+                dump(&stores, &dev, g, &inside)?;
             }
         }
         for (name, ps) in &sc.checkpoints {
@@ -423,7 +354,7 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
                         position: p,
                         hash,
                     };
-                    stores.put(g, &key, &directory)?;
+                    put(&stores, &dev, g, &key, &directory)?;
                 }
             }
         }

@@ -3,13 +3,15 @@
 //! The decision modules ([`spec`], [`hash`], [`resolve`], [`directory`],
 //! [`retention`]) never import the HAL and never move bytes: they see
 //! stores only through the narrow [`resolve::Presence`] interface and the
-//! [`directory::CheckpointDirectory`]. The layerwise adapter (the only
-//! module that will move bytes) comes with the adapter issue.
+//! [`directory::CheckpointDirectory`]. The [`adapter`] is the only module
+//! that moves bytes: it maps layers to access units and shards and drives
+//! the stores behind the engine's hooks.
 //!
 //! The hash encoding is documented byte by byte in [`hash`].
 
 #![deny(missing_docs)]
 
+pub mod adapter;
 pub mod directory;
 pub mod error;
 pub mod hash;

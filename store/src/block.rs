@@ -208,6 +208,12 @@ impl TaskHandle {
             })
     }
 
+    /// Dump tasks, non-blocking: every block's durability once the
+    /// write-behind has ended, else `None`.
+    pub fn durable_now(&self) -> Option<Vec<(BlockId, Durability)>> {
+        lock(&self.shared.state).durable.clone()
+    }
+
     /// Dump tasks: waits until every block of the task is durable, failed,
     /// or incomplete (its other shards not dumped yet).
     pub fn wait_durable(&self) -> Vec<(BlockId, Durability)> {

@@ -1,0 +1,343 @@
+//! The scheduler side of the adapter: how many tokens an engine may skip,
+//! and the per-step metadata its workers act on.
+//!
+//! Call order (vLLM's `KVConnectorBase_V1` contract): for a new request,
+//! [`Scheduler::get_num_new_matched_tokens`] (may be called more than once;
+//! it has no effect a second call would see), then, once the engine has
+//! allocated its blocks, [`Scheduler::update_state_after_alloc`]; every step,
+//! [`Scheduler::build_meta`] with the chunks the step computes; at the end,
+//! [`Scheduler::request_finished`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::directory::CheckpointDirectory;
+use crate::error::{CoordError, Result};
+use crate::hash::{Deployment, RequestHashes, RequestKeys};
+use crate::resolve::{resolve_hit, Presence};
+use crate::retention::{plan, RecurrenceTracker};
+use crate::spec::{Kind, SpecTable};
+
+/// A request as the engine sees it.
+#[derive(Clone, Debug)]
+pub struct EngineRequest {
+    /// The engine's request id.
+    pub id: String,
+    /// The prompt.
+    pub tokens: Arc<Vec<u32>>,
+    /// Salt and extra keys.
+    pub keys: RequestKeys,
+}
+
+/// Where the engine placed a request's data.
+#[derive(Clone, Debug, Default)]
+pub struct Allocation {
+    /// Per chain or sidecar group (spec index): the engine block holding
+    /// each block index of the request.
+    pub blocks: HashMap<usize, Vec<u32>>,
+    /// Per snapshot group: the engine's state slot of the request.
+    pub state_slots: HashMap<usize, u32>,
+}
+
+/// A chunk of a request computed in one step: tokens `[start, end)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// The request.
+    pub req: String,
+    /// First token computed this step.
+    pub start: u64,
+    /// One past the last.
+    pub end: u64,
+}
+
+/// What the workers do for one request in one step.
+#[derive(Clone, Debug)]
+pub struct ReqMeta {
+    /// The request.
+    pub id: String,
+    /// Its prompt.
+    pub tokens: Arc<Vec<u32>>,
+    /// Its ids, for every group and rank.
+    pub hashes: Arc<RequestHashes>,
+    /// Its engine blocks and state slots.
+    pub alloc: Arc<Allocation>,
+    /// In the request's first step after a hit: `Some((p*, tokens the
+    /// engine already holds))`; the workers load what lies between (the
+    /// window before `p*` for windowed groups, the state at `p*`).
+    pub load: Option<(u64, u64)>,
+    /// Per chain or sidecar group: block indices completed this step, to
+    /// save.
+    pub save_blocks: Vec<(usize, Range<usize>)>,
+    /// Per snapshot group: the position whose state this step ends at, to
+    /// save as a checkpoint.
+    pub save_states: Vec<(usize, u64)>,
+}
+
+/// The metadata of one step.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectorMeta {
+    /// Step number.
+    pub step: u64,
+    /// Per scheduled request.
+    pub requests: Vec<ReqMeta>,
+}
+
+struct ReqState {
+    req: EngineRequest,
+    hashes: Arc<RequestHashes>,
+    p_star: u64,
+    num_computed: u64,
+    alloc: Option<Arc<Allocation>>,
+    load_pending: bool,
+    saved_to: HashMap<usize, usize>,
+    plan: HashMap<usize, BTreeSet<u64>>,
+}
+
+/// The scheduler side.
+pub struct Scheduler<P: Presence> {
+    spec: Arc<SpecTable>,
+    dep: Deployment,
+    presence: Arc<P>,
+    directory: Arc<CheckpointDirectory>,
+    tracker: RecurrenceTracker,
+    reqs: HashMap<String, ReqState>,
+    step: u64,
+}
+
+impl<P: Presence> Scheduler<P> {
+    /// A scheduler for `spec` on a deployment, asking `presence` and
+    /// `directory`.
+    pub fn new(
+        spec: Arc<SpecTable>,
+        dep: Deployment,
+        presence: Arc<P>,
+        directory: Arc<CheckpointDirectory>,
+    ) -> Self {
+        Scheduler {
+            spec,
+            dep,
+            presence,
+            directory,
+            tracker: RecurrenceTracker::new(4096),
+            reqs: HashMap::new(),
+            step: 0,
+        }
+    }
+
+    /// Tokens of `req` beyond `num_computed` that the persistent tiers can
+    /// serve, and whether they load asynchronously (never: they load layer
+    /// by layer in the request's first step). A prompt too short to hit is
+    /// 0; the last prompt token is never served (the engine must compute it
+    /// to produce logits).
+    pub fn get_num_new_matched_tokens(
+        &mut self,
+        req: &EngineRequest,
+        num_computed: u64,
+    ) -> Result<(u64, bool)> {
+        let hashes = match self.reqs.get(&req.id) {
+            Some(st) => Arc::clone(&st.hashes),
+            None => Arc::new(RequestHashes::compute(
+                &self.spec,
+                self.dep,
+                &req.tokens,
+                &req.keys,
+            )?),
+        };
+        let n = req.tokens.len();
+        let visible = &req.tokens[..n.saturating_sub(1)];
+        let p_star = match resolve_hit(
+            &self.spec,
+            visible,
+            &hashes,
+            self.presence.as_ref(),
+            self.directory.as_ref(),
+        ) {
+            Ok(r) => r.p_star,
+            // Too short or empty: a miss, never a hit.
+            Err(CoordError::BadRequest(_)) => 0,
+            Err(e) => return Err(e),
+        };
+        if !self.reqs.contains_key(&req.id) {
+            let mut plans = HashMap::new();
+            for g in self.spec.snapshot_groups() {
+                let mut ps: BTreeSet<u64> = plan(g, p_star, n as u64).into_iter().collect();
+                if let Some(b) = hashes.chains[g.index]
+                    .first()
+                    .and_then(|ids| self.tracker.observe(g, ids, p_star))
+                {
+                    if b > p_star && b <= n as u64 {
+                        ps.insert(b);
+                    }
+                }
+                plans.insert(g.index, ps);
+            }
+            self.reqs.insert(
+                req.id.clone(),
+                ReqState {
+                    req: req.clone(),
+                    hashes,
+                    p_star,
+                    num_computed,
+                    alloc: None,
+                    load_pending: false,
+                    saved_to: HashMap::new(),
+                    plan: plans,
+                },
+            );
+        }
+        let st = self
+            .reqs
+            .get_mut(&req.id)
+            .ok_or_else(|| CoordError::BadRequest(format!("request `{}` vanished", req.id)))?;
+        st.p_star = p_star;
+        st.num_computed = num_computed;
+        Ok((p_star.saturating_sub(num_computed), false))
+    }
+
+    /// Records where the engine placed the request's blocks and how many
+    /// external tokens it will take (`0`: it recomputes everything beyond
+    /// its own cache).
+    pub fn update_state_after_alloc(
+        &mut self,
+        req_id: &str,
+        alloc: Allocation,
+        num_external_tokens: u64,
+    ) -> Result<()> {
+        let spec = Arc::clone(&self.spec);
+        let st = self.state(req_id)?;
+        if num_external_tokens > 0 && st.num_computed + num_external_tokens != st.p_star {
+            return Err(CoordError::BadRequest(format!(
+                "request `{req_id}`: {} computed + {num_external_tokens} external tokens is not the \
+                 matched prefix of {}",
+                st.num_computed, st.p_star
+            )));
+        }
+        for g in spec.groups() {
+            let need = match g.kind {
+                Kind::Chain | Kind::Sidecar => {
+                    st.req.tokens.len() / block_of(&spec, g.index).max(1) as usize
+                }
+                _ => 0,
+            };
+            if need > 0 && alloc.blocks.get(&g.index).is_none_or(|b| b.len() < need) {
+                return Err(CoordError::BadRequest(format!(
+                    "request `{req_id}`: group `{}` needs {need} engine blocks",
+                    g.name
+                )));
+            }
+            if g.kind == Kind::Snapshot && !alloc.state_slots.contains_key(&g.index) {
+                return Err(CoordError::BadRequest(format!(
+                    "request `{req_id}`: group `{}` needs a state slot",
+                    g.name
+                )));
+            }
+        }
+        st.load_pending = num_external_tokens > 0;
+        if num_external_tokens == 0 {
+            st.p_star = st.num_computed.min(st.p_star);
+        }
+        // Blocks below p* are stored already; saving starts above them.
+        for g in spec.groups() {
+            if matches!(g.kind, Kind::Chain | Kind::Sidecar) {
+                let b = block_of(&spec, g.index).max(1);
+                st.saved_to.insert(g.index, (st.p_star / b) as usize);
+            }
+        }
+        st.alloc = Some(Arc::new(alloc));
+        Ok(())
+    }
+
+    /// The metadata of one step that computes `chunks`.
+    pub fn build_meta(&mut self, chunks: &[Scheduled]) -> Result<Arc<ConnectorMeta>> {
+        self.step += 1;
+        let spec = Arc::clone(&self.spec);
+        let mut requests = Vec::new();
+        for c in chunks {
+            let st = self.state(&c.req)?;
+            let n = st.req.tokens.len() as u64;
+            if c.start > c.end || c.end > n {
+                return Err(CoordError::BadRequest(format!(
+                    "request `{}`: chunk [{}, {}) outside its {n} tokens",
+                    c.req, c.start, c.end
+                )));
+            }
+            let alloc = st.alloc.clone().ok_or_else(|| {
+                CoordError::BadRequest(format!(
+                    "request `{}`: update_state_after_alloc was not called",
+                    c.req
+                ))
+            })?;
+            let load = std::mem::take(&mut st.load_pending).then_some((st.p_star, st.num_computed));
+            let mut save_blocks = Vec::new();
+            for g in spec.groups() {
+                if !matches!(g.kind, Kind::Chain | Kind::Sidecar) {
+                    continue;
+                }
+                let b = block_of(&spec, g.index).max(1);
+                let from = st.saved_to.get(&g.index).copied().unwrap_or(0);
+                let to = (c.end / b) as usize;
+                if to > from {
+                    save_blocks.push((g.index, from..to));
+                    st.saved_to.insert(g.index, to);
+                }
+            }
+            let save_states = st
+                .plan
+                .iter()
+                .filter(|(_, ps)| ps.contains(&c.end))
+                .map(|(g, _)| (*g, c.end))
+                .collect();
+            requests.push(ReqMeta {
+                id: c.req.clone(),
+                tokens: Arc::clone(&st.req.tokens),
+                hashes: Arc::clone(&st.hashes),
+                alloc,
+                load,
+                save_blocks,
+                save_states,
+            });
+        }
+        Ok(Arc::new(ConnectorMeta {
+            step: self.step,
+            requests,
+        }))
+    }
+
+    /// Positions where the request should end a prefill chunk so that its
+    /// states can be kept (retention's plan, ascending).
+    pub fn checkpoint_positions(&self, req_id: &str) -> Vec<u64> {
+        let mut all: BTreeSet<u64> = BTreeSet::new();
+        if let Some(st) = self.reqs.get(req_id) {
+            for ps in st.plan.values() {
+                all.extend(ps.iter().copied());
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    /// The request ended. Returns whether its blocks must stay allocated
+    /// for an asynchronous save (never: `wait_for_save` finishes every copy
+    /// out of the engine's blocks within the step).
+    pub fn request_finished(&mut self, req_id: &str) -> bool {
+        self.reqs.remove(req_id);
+        false
+    }
+
+    fn state(&mut self, req_id: &str) -> Result<&mut ReqState> {
+        self.reqs.get_mut(req_id).ok_or_else(|| {
+            CoordError::BadRequest(format!(
+                "unknown request `{req_id}` (get_num_new_matched_tokens first)"
+            ))
+        })
+    }
+}
+
+/// Tokens per block of a chain group, or of a sidecar's source.
+pub fn block_of(spec: &SpecTable, group: usize) -> u64 {
+    let g = &spec.groups()[group];
+    match (g.kind, g.source) {
+        (Kind::Sidecar, Some(s)) => spec.groups()[s].block,
+        _ => g.block,
+    }
+}

@@ -1,0 +1,193 @@
+//! The store instances of one model: a BlockStore per chain group and per
+//! sidecar group, a SnapshotStore per snapshot group, each with the
+//! geometry its spec row gives (one shard per access unit of the group),
+//! under one directory (`<dir>/<group name>`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ucm_device::io::DIRECT_IO_ALIGN;
+use ucm_device::{Device, IoEngine, IoEngineConfig, IoEngineKind};
+use ucm_store::{
+    BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, PoolConfig, PoolMode,
+    TieredBlockStore, TieredSnapshotStore,
+};
+
+use super::units::UnitMap;
+use crate::error::Result;
+use crate::hash::Id;
+use crate::resolve::Presence;
+use crate::spec::{AccessUnit, Group, Kind, SpecTable};
+
+/// How the store instances are built.
+#[derive(Clone, Debug)]
+pub struct StoreSetConfig {
+    /// Pool slots per group (at least twice the shards of a block).
+    pub pool_slots: usize,
+    /// Pool ways (set associativity); `0`: fully associative.
+    pub ways: usize,
+    /// `Some(prefix)`: pools in shared memory named `<prefix>-<group>`, so
+    /// rank processes share them; `None`: private pools.
+    pub shared: Option<String>,
+    /// Blocks on disk per group before GC.
+    pub disk_blocks: u64,
+    /// Store worker threads per group.
+    pub workers: usize,
+    /// I/O engine.
+    pub engine: IoEngineKind,
+}
+
+impl Default for StoreSetConfig {
+    fn default() -> Self {
+        StoreSetConfig {
+            pool_slots: 256,
+            ways: 0,
+            shared: None,
+            disk_blocks: 1 << 20,
+            workers: 2,
+            engine: IoEngineKind::Auto,
+        }
+    }
+}
+
+/// Bytes of one shard of `group` (one access unit of one block or one
+/// checkpoint), padded to the O_DIRECT alignment; 0 for `none` groups.
+pub fn shard_bytes(spec: &SpecTable, group: &Group) -> usize {
+    let per_layer = match group.kind {
+        Kind::Chain => group.unit_bytes * group.block,
+        Kind::Sidecar => {
+            let src = group.source.map(|s| spec.groups()[s].block).unwrap_or(0);
+            group.unit_bytes * src
+        }
+        Kind::Snapshot => group.unit_bytes,
+        Kind::None => 0,
+    };
+    let layers = match group.access_unit {
+        AccessUnit::Row => group.layers.len() as u64,
+        _ => 1,
+    };
+    let bytes = per_layer * layers;
+    let a = DIRECT_IO_ALIGN as u64;
+    (bytes.div_ceil(a) * a) as usize
+}
+
+/// The stores of one model on device `D`.
+pub struct StoreSet<D: Device> {
+    chain: HashMap<usize, TieredBlockStore<D>>,
+    snap: HashMap<usize, TieredSnapshotStore<D>>,
+    shard_bytes: HashMap<usize, usize>,
+}
+
+impl<D: Device> StoreSet<D> {
+    /// Opens (or creates) every group's store under `dir/<group name>`. A
+    /// directory or shared pool of another geometry is an error.
+    pub fn open(
+        spec: &SpecTable,
+        units: &UnitMap,
+        dir: &Path,
+        dev: Arc<D>,
+        cfg: &StoreSetConfig,
+    ) -> Result<Self> {
+        let engine: Arc<dyn IoEngine> = Arc::from(
+            IoEngineConfig::new(cfg.engine)
+                .build()
+                .map_err(ucm_store::StoreError::from)?,
+        );
+        let mut chain = HashMap::new();
+        let mut snap = HashMap::new();
+        let mut sizes = HashMap::new();
+        for g in spec.groups() {
+            if g.kind == Kind::None {
+                continue;
+            }
+            let shard = shard_bytes(spec, g);
+            let shards = units.units_of_group(g.index);
+            let geo = Geometry {
+                shard_bytes: shard,
+                shards_per_block: shards,
+            };
+            let slots = cfg.pool_slots.max(2 * shards as usize);
+            let ways = if cfg.ways == 0 {
+                slots
+            } else {
+                cfg.ways.min(slots)
+            };
+            let pool = ClockPool::open(PoolConfig {
+                shard_bytes: shard,
+                slots: slots.div_ceil(ways) * ways,
+                ways,
+                mode: match &cfg.shared {
+                    None => PoolMode::Private,
+                    Some(p) => PoolMode::Shared {
+                        instance: format!("{p}-{}", g.name),
+                    },
+                },
+                load_timeout: Duration::from_secs(5),
+                dirty_timeout: Duration::from_secs(60),
+            })?;
+            let disk = DiskTier::open(
+                DiskConfig::new(dir.join(&g.name), geo, cfg.disk_blocks),
+                Arc::clone(&engine),
+            )?;
+            let bcfg = BlockStoreConfig {
+                workers: cfg.workers.max(1),
+                ..BlockStoreConfig::default()
+            };
+            let blocks = TieredBlockStore::new(Arc::clone(&dev), pool, disk, bcfg)?;
+            sizes.insert(g.index, shard);
+            if g.kind == Kind::Snapshot {
+                snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));
+            } else {
+                chain.insert(g.index, blocks);
+            }
+        }
+        Ok(StoreSet {
+            chain,
+            snap,
+            shard_bytes: sizes,
+        })
+    }
+
+    /// The BlockStore of a chain or sidecar group.
+    pub fn blocks(&self, group: usize) -> Option<&TieredBlockStore<D>> {
+        self.chain.get(&group)
+    }
+
+    /// The SnapshotStore of a snapshot group.
+    pub fn snapshots(&self, group: usize) -> Option<&TieredSnapshotStore<D>> {
+        self.snap.get(&group)
+    }
+
+    /// Shard bytes of a group's instance.
+    pub fn shard_bytes(&self, group: usize) -> usize {
+        self.shard_bytes.get(&group).copied().unwrap_or(0)
+    }
+
+    /// Refills a checkpoint directory from every snapshot store's
+    /// `enumerate` (a warm restart).
+    pub fn rebuild_directory(&self, spec: &SpecTable, dir: &crate::CheckpointDirectory) {
+        for g in spec.snapshot_groups() {
+            if let Some(s) = self.snap.get(&g.index) {
+                use ucm_store::SnapshotStore;
+                dir.rebuild(&g.name, s.enumerate());
+            }
+        }
+    }
+}
+
+impl<D: Device> Presence for StoreSet<D> {
+    fn lookup(&self, group: &Group, ids: &[Id]) -> Vec<bool> {
+        match self.chain.get(&group.index) {
+            Some(s) => s.lookup(ids),
+            None => vec![false; ids.len()],
+        }
+    }
+    fn lookup_on_prefix(&self, group: &Group, ids: &[Id]) -> usize {
+        match self.chain.get(&group.index) {
+            Some(s) => s.lookup_on_prefix(ids),
+            None => 0,
+        }
+    }
+}

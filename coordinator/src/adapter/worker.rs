@@ -1,0 +1,857 @@
+//! The worker side of the adapter: moves bytes between the engine's
+//! memory and the stores, one access unit at a time, behind the engine's
+//! hooks.
+//!
+//! Call order per step (vLLM's `KVConnectorBase_V1` contract):
+//! [`Worker::start_load_kv`] before the forward pass; per layer
+//! [`Worker::wait_for_layer_load`] before its attention and
+//! [`Worker::save_kv_layer`] after it; [`Worker::wait_for_save`] at the end
+//! of the step; then [`Worker::get_finished`] and
+//! [`Worker::block_ids_with_load_errors`].
+//!
+//! - **Lookahead**: loads start `lookahead` units ahead of the layer being
+//!   waited for (default one), one store task per (unit, request), so a
+//!   slow load of one request never holds back another request's layer
+//!   ([`Worker::layer_ready`], [`Worker::wait_for_layer_load_of`]).
+//! - **Saves** wait device-side on the engine's event before copying; a
+//!   row is saved after its last layer.
+//! - **Speculative decoding**: a layer called several times in one step is
+//!   loaded once and saved once.
+//! - **Nothing is dropped**: failed load items are reported per engine
+//!   block (the engine recomputes them); a state that fails to load removes
+//!   its checkpoint from the directory and reports the request's first
+//!   blocks (a full recompute); failed saves are reported by
+//!   [`Worker::get_finished`] and counted.
+//! - **Graph-safe waits**: [`Worker::wait_for_layer_load_on`] makes a
+//!   stream wait for the unit's loads through a host function instead of
+//!   blocking the caller.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ucm_device::{Device, Memory};
+use ucm_store::{
+    BlockStore, Durability, ItemOutcome, SnapshotKey, SnapshotStore, StateItem, TaskHandle,
+    TaskItem,
+};
+
+use super::scheduler::{block_of, ConnectorMeta, ReqMeta};
+use super::stores::StoreSet;
+use super::units::{Unit, UnitMap};
+use crate::directory::CheckpointDirectory;
+use crate::error::{CoordError, Result};
+use crate::hash::{checkpoint_hash, Id};
+use crate::spec::{Kind, RankRule, SpecTable};
+
+/// One layer's tensor in the engine, as `register_kv_caches` gives it.
+#[derive(Clone, Debug)]
+pub struct LayerRegistration {
+    /// The layer.
+    pub layer: u32,
+    /// Its device region.
+    pub memory: Memory,
+    /// Bytes between engine blocks (chain, sidecar) or state slots
+    /// (snapshot) in it; at least the group's shard size.
+    pub stride: usize,
+}
+
+/// How a worker is set up.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Its tensor-parallel rank.
+    pub rank: u32,
+    /// TP ranks.
+    pub tp_size: u32,
+    /// The layers of its pipeline stage.
+    pub stage: Range<u32>,
+    /// Units loaded ahead of the one being waited for.
+    pub lookahead: usize,
+}
+
+/// A load item that failed: the engine recomputes this block.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LoadError {
+    /// The request.
+    pub req: String,
+    /// The group (spec index).
+    pub group: usize,
+    /// The engine block.
+    pub engine_block: u32,
+}
+
+/// What [`Worker::get_finished`] reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Finished requests whose saves all ended (durable, or waiting for
+    /// other ranks' or stages' shards).
+    pub saved: Vec<String>,
+    /// Requests with a failed save, and why (counted in the metrics too).
+    pub save_failed: Vec<(String, String)>,
+    /// Requests whose loads of this worker's units all completed.
+    pub loaded: Vec<String>,
+}
+
+/// Counters.
+#[derive(Debug, Default)]
+pub struct AdapterMetrics {
+    /// Load items (blocks or states) that completed.
+    pub loaded_items: AtomicU64,
+    /// Load items that failed or missed.
+    pub load_failures: AtomicU64,
+    /// Save items that reached the pool.
+    pub saved_items: AtomicU64,
+    /// Save items or blocks that failed.
+    pub save_failures: AtomicU64,
+    /// Checkpoints registered in the directory.
+    pub checkpoints_put: AtomicU64,
+    /// Checkpoints whose load missed (removed from the directory).
+    pub checkpoint_misses: AtomicU64,
+    /// Repeated hook calls for a layer within a step (speculative decoding).
+    pub repeated_calls: AtomicU64,
+    /// Store tasks started for loads.
+    pub load_tasks: AtomicU64,
+}
+
+enum What {
+    Blocks {
+        group: usize,
+        engine_blocks: Vec<u32>,
+    },
+    State {
+        group: usize,
+        position: u64,
+        hash: Id,
+    },
+}
+
+struct UnitLoad {
+    req: usize,
+    what: What,
+    task: std::result::Result<TaskHandle, String>,
+    settled: bool,
+}
+
+struct Save {
+    req: usize,
+    what: What,
+    task: std::result::Result<TaskHandle, String>,
+}
+
+struct Step {
+    meta: Arc<ConnectorMeta>,
+    next: usize,
+    loads: HashMap<u32, Vec<UnitLoad>>,
+    waited: HashSet<u32>,
+    saved: HashSet<u32>,
+    saves: Vec<Save>,
+}
+
+/// The worker side, for one rank of one pipeline stage.
+pub struct Worker<D: Device> {
+    spec: Arc<SpecTable>,
+    units: Arc<UnitMap>,
+    stores: Arc<StoreSet<D>>,
+    directory: Arc<CheckpointDirectory>,
+    dev: Arc<D>,
+    cfg: WorkerConfig,
+    stage: Vec<Unit>,
+    regs: HashMap<u32, LayerRegistration>,
+    step: Option<Step>,
+    load_errors: HashSet<LoadError>,
+    durable: Vec<(String, TaskHandle)>,
+    failed: Vec<(String, String)>,
+    loaded: Vec<String>,
+    metrics: Arc<AdapterMetrics>,
+}
+
+impl<D: Device> Worker<D> {
+    /// A worker over shared stores and directory.
+    pub fn new(
+        spec: Arc<SpecTable>,
+        units: Arc<UnitMap>,
+        stores: Arc<StoreSet<D>>,
+        directory: Arc<CheckpointDirectory>,
+        dev: Arc<D>,
+        cfg: WorkerConfig,
+    ) -> Result<Self> {
+        if cfg.rank >= cfg.tp_size {
+            return Err(CoordError::BadRequest(format!(
+                "rank {} of a TP size of {}",
+                cfg.rank, cfg.tp_size
+            )));
+        }
+        let stage = units
+            .stage(cfg.stage.clone())?
+            .into_iter()
+            .cloned()
+            .collect();
+        Ok(Worker {
+            spec,
+            units,
+            stores,
+            directory,
+            dev,
+            cfg,
+            stage,
+            regs: HashMap::new(),
+            step: None,
+            load_errors: HashSet::new(),
+            durable: Vec::new(),
+            failed: Vec::new(),
+            loaded: Vec::new(),
+            metrics: Arc::new(AdapterMetrics::default()),
+        })
+    }
+
+    /// Counters.
+    pub fn metrics(&self) -> &Arc<AdapterMetrics> {
+        &self.metrics
+    }
+
+    /// The units of this worker's stage.
+    pub fn stage_units(&self) -> &[Unit] {
+        &self.stage
+    }
+
+    /// Registers the engine's tensors. Every unit of the stage needs its
+    /// first layer registered, with a stride of at least the group's shard.
+    pub fn register_kv_caches(&mut self, regs: Vec<LayerRegistration>) -> Result<()> {
+        for r in regs {
+            self.regs.insert(r.layer, r);
+        }
+        for u in &self.stage {
+            let g = &self.spec.groups()[u.group];
+            let need = self.stores.shard_bytes(u.group);
+            match self.regs.get(&u.first_layer()) {
+                None => {
+                    return Err(CoordError::BadRequest(format!(
+                        "layer {} (group `{}`) is not registered",
+                        u.first_layer(),
+                        g.name
+                    )))
+                }
+                Some(r) if r.stride < need => {
+                    return Err(CoordError::BadRequest(format!(
+                        "layer {}: a stride of {} bytes cannot hold a shard of {need}",
+                        r.layer, r.stride
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn ids<'m>(&self, r: &'m ReqMeta, group: usize) -> &'m [Id] {
+        let g = &self.spec.groups()[group];
+        let rank = match g.rank_rule {
+            RankRule::AllUnion => 0,
+            RankRule::Intersection => self.cfg.rank as usize,
+        };
+        r.hashes.chains[group]
+            .get(rank)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    fn state_hash(&self, r: &ReqMeta, group: usize, position: u64) -> Result<Id> {
+        let g = &self.spec.groups()[group];
+        let rank = match g.rank_rule {
+            RankRule::AllUnion => 0,
+            RankRule::Intersection => self.cfg.rank as usize,
+        };
+        let ids = r.hashes.chains[group]
+            .get(rank)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let seed = r.hashes.seeds[group].get(rank).ok_or_else(|| {
+            CoordError::BadRequest(format!("no seed for rank {rank} of group `{}`", g.name))
+        })?;
+        checkpoint_hash(seed, ids, &r.tokens, g.hash_block, position)
+    }
+
+    fn reg(&self, u: &Unit) -> Result<&LayerRegistration> {
+        self.regs.get(&u.first_layer()).ok_or_else(|| {
+            CoordError::BadRequest(format!("layer {} is not registered", u.first_layer()))
+        })
+    }
+
+    /// The chain blocks unit `u`'s group loads for a hit at `p` when the
+    /// engine already holds `have` tokens.
+    fn load_range(&self, group: usize, p: u64, have: u64) -> Range<usize> {
+        let g = &self.spec.groups()[group];
+        let window = match (g.kind, g.source) {
+            (Kind::Sidecar, Some(s)) => self.spec.groups()[s].window,
+            _ => g.window,
+        };
+        let b = block_of(&self.spec, group).max(1);
+        let from = match window {
+            Some(w) => have.max(p.saturating_sub(w)),
+            None => have,
+        };
+        ((from / b) as usize)..((p / b) as usize)
+    }
+
+    /// Starts a step: loads begin for the first `lookahead` units.
+    pub fn start_load_kv(&mut self, meta: Arc<ConnectorMeta>) -> Result<()> {
+        if self.step.is_some() {
+            self.wait_for_save()?;
+        }
+        self.step = Some(Step {
+            meta,
+            next: 0,
+            loads: HashMap::new(),
+            waited: HashSet::new(),
+            saved: HashSet::new(),
+            saves: Vec::new(),
+        });
+        self.start_until(self.cfg.lookahead.max(1));
+        Ok(())
+    }
+
+    /// Starts the loads of stage units `[next, upto)`.
+    fn start_until(&mut self, upto: usize) {
+        let Some(step) = self.step.as_mut() else {
+            return;
+        };
+        let upto = upto.min(self.stage.len());
+        let meta = Arc::clone(&step.meta);
+        let first = step.next;
+        step.next = step.next.max(upto);
+        for i in first..upto {
+            let u = self.stage[i].clone();
+            let mut loads = Vec::new();
+            for (ri, r) in meta.requests.iter().enumerate() {
+                if let Some((p, have)) = r.load {
+                    if let Some(l) = self.start_unit_load(&u, ri, r, p, have) {
+                        loads.push(l);
+                    }
+                }
+            }
+            if let Some(step) = self.step.as_mut() {
+                step.loads.insert(u.global, loads);
+            }
+        }
+    }
+
+    fn start_unit_load(
+        &self,
+        u: &Unit,
+        ri: usize,
+        r: &ReqMeta,
+        p: u64,
+        have: u64,
+    ) -> Option<UnitLoad> {
+        let g = &self.spec.groups()[u.group];
+        let reg = match self.reg(u) {
+            Ok(reg) => reg,
+            Err(e) => {
+                return Some(UnitLoad {
+                    req: ri,
+                    what: What::Blocks {
+                        group: u.group,
+                        engine_blocks: Vec::new(),
+                    },
+                    task: Err(e.to_string()),
+                    settled: false,
+                })
+            }
+        };
+        match g.kind {
+            Kind::Chain | Kind::Sidecar => {
+                let range = self.load_range(u.group, p, have);
+                if range.is_empty() {
+                    return None;
+                }
+                let ids = self.ids(r, u.group);
+                let table = r
+                    .alloc
+                    .blocks
+                    .get(&u.group)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                let mut items = Vec::new();
+                let mut engine_blocks = Vec::new();
+                for i in range {
+                    let (Some(id), Some(&eb)) = (ids.get(i), table.get(i)) else {
+                        continue;
+                    };
+                    engine_blocks.push(eb);
+                    items.push(TaskItem {
+                        block: *id,
+                        shard: u.shard,
+                        memory: reg.memory.clone(),
+                        offset: eb as usize * reg.stride,
+                    });
+                }
+                let store = self.stores.blocks(u.group)?;
+                self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
+                Some(UnitLoad {
+                    req: ri,
+                    what: What::Blocks {
+                        group: u.group,
+                        engine_blocks,
+                    },
+                    task: store.load(items).map_err(|e| e.to_string()),
+                    settled: false,
+                })
+            }
+            Kind::Snapshot => {
+                if p == 0 {
+                    return None;
+                }
+                let slot = *r.alloc.state_slots.get(&u.group)?;
+                let hash = self.state_hash(r, u.group, p).ok()?;
+                let key = SnapshotKey {
+                    group: u.group as u32,
+                    position: p,
+                    hash,
+                };
+                let item = StateItem {
+                    shard: u.shard,
+                    memory: reg.memory.clone(),
+                    offset: slot as usize * reg.stride,
+                };
+                let store = self.stores.snapshots(u.group)?;
+                self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
+                Some(UnitLoad {
+                    req: ri,
+                    what: What::State {
+                        group: u.group,
+                        position: p,
+                        hash,
+                    },
+                    task: store.get(&key, vec![item]).map_err(|e| e.to_string()),
+                    settled: false,
+                })
+            }
+            Kind::None => None,
+        }
+    }
+
+    fn stage_index(&self, layer: u32) -> Result<Option<(usize, Unit)>> {
+        let Some(u) = self.units.unit_of(layer) else {
+            return Ok(None); // a `none` layer: nothing to load or save
+        };
+        match self.stage.iter().position(|s| s.global == u.global) {
+            Some(i) => Ok(Some((i, u.clone()))),
+            None => Err(CoordError::BadRequest(format!(
+                "layer {layer} is not in this worker's stage {:?}",
+                self.cfg.stage
+            ))),
+        }
+    }
+
+    /// Blocks until every request's load of `layer`'s unit has completed,
+    /// and starts the units after it (lookahead). Failures are recorded for
+    /// [`Worker::block_ids_with_load_errors`]; a repeated call in one step
+    /// returns at once.
+    pub fn wait_for_layer_load(&mut self, layer: u32) -> Result<()> {
+        let Some((i, u)) = self.stage_index(layer)? else {
+            return Ok(());
+        };
+        if layer != u.first_layer() {
+            return Ok(()); // a row: loaded before its first layer
+        }
+        self.start_until(i + 1 + self.cfg.lookahead);
+        let Some(step) = self.step.as_mut() else {
+            return Err(CoordError::BadRequest(
+                "wait_for_layer_load before start_load_kv".into(),
+            ));
+        };
+        if !step.waited.insert(u.global) {
+            self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.settle_unit(u.global, None);
+        Ok(())
+    }
+
+    /// Non-blocking: has `req`'s load of `layer`'s unit completed (or is
+    /// there none)?
+    pub fn layer_ready(&self, layer: u32, req: &str) -> bool {
+        let (Some(step), Some(u)) = (self.step.as_ref(), self.units.unit_of(layer)) else {
+            return true;
+        };
+        let Some(loads) = step.loads.get(&u.global) else {
+            return false;
+        };
+        loads
+            .iter()
+            .filter(|l| step.meta.requests[l.req].id == req)
+            .all(|l| l.task.as_ref().map_or(true, TaskHandle::check))
+    }
+
+    /// Blocks until `req`'s load of `layer`'s unit has completed, without
+    /// waiting for other requests' loads of it.
+    pub fn wait_for_layer_load_of(&mut self, layer: u32, req: &str) -> Result<()> {
+        let Some((i, u)) = self.stage_index(layer)? else {
+            return Ok(());
+        };
+        self.start_until(i + 1 + self.cfg.lookahead);
+        self.settle_unit(u.global, Some(req));
+        Ok(())
+    }
+
+    /// Graph-safe wait: `stream` waits for the loads of `layer`'s unit
+    /// through a host function queued on it; the caller does not block.
+    /// Failures are recorded at [`Worker::wait_for_save`].
+    pub fn wait_for_layer_load_on(&mut self, layer: u32, stream: &D::Stream) -> Result<()> {
+        let Some((i, u)) = self.stage_index(layer)? else {
+            return Ok(());
+        };
+        if layer != u.first_layer() {
+            return Ok(());
+        }
+        self.start_until(i + 1 + self.cfg.lookahead);
+        let Some(step) = self.step.as_mut() else {
+            return Err(CoordError::BadRequest(
+                "wait_for_layer_load_on before start_load_kv".into(),
+            ));
+        };
+        if !step.waited.insert(u.global) {
+            self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let handles: Vec<TaskHandle> = step
+            .loads
+            .get(&u.global)
+            .map(|ls| {
+                ls.iter()
+                    .filter_map(|l| l.task.as_ref().ok().cloned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.dev
+            .launch_host_fn(
+                stream,
+                Box::new(move || {
+                    for h in handles {
+                        h.wait();
+                    }
+                    Ok(())
+                }),
+            )
+            .map_err(ucm_store::StoreError::from)?;
+        Ok(())
+    }
+
+    /// Waits for and records the outcomes of unit `global`'s loads (of one
+    /// request, or all).
+    fn settle_unit(&mut self, global: u32, only: Option<&str>) {
+        let Some(step) = self.step.as_mut() else {
+            return;
+        };
+        let meta = Arc::clone(&step.meta);
+        let Some(loads) = step.loads.get_mut(&global) else {
+            return;
+        };
+        for l in loads.iter_mut() {
+            let r = &meta.requests[l.req];
+            if l.settled || only.is_some_and(|q| q != r.id) {
+                continue;
+            }
+            l.settled = true;
+            let outcomes: Vec<ItemOutcome> = match &l.task {
+                Ok(t) => t.wait().into_iter().map(|(_, _, o)| o).collect(),
+                Err(e) => vec![ItemOutcome::Failed(e.clone())],
+            };
+            let ok = outcomes.iter().filter(|o| **o == ItemOutcome::Ok).count();
+            self.metrics
+                .loaded_items
+                .fetch_add(ok as u64, Ordering::Relaxed);
+            let bad = outcomes.len() - ok;
+            match &l.what {
+                What::Blocks {
+                    group,
+                    engine_blocks,
+                } => {
+                    if bad > 0 {
+                        self.metrics
+                            .load_failures
+                            .fetch_add(bad as u64, Ordering::Relaxed);
+                    }
+                    for (o, eb) in outcomes.iter().zip(engine_blocks) {
+                        if *o != ItemOutcome::Ok {
+                            self.load_errors.insert(LoadError {
+                                req: r.id.clone(),
+                                group: *group,
+                                engine_block: *eb,
+                            });
+                        }
+                    }
+                    if l.task.is_err() {
+                        for eb in engine_blocks {
+                            self.load_errors.insert(LoadError {
+                                req: r.id.clone(),
+                                group: *group,
+                                engine_block: *eb,
+                            });
+                        }
+                    }
+                }
+                What::State { group, hash, .. } => {
+                    if bad > 0 {
+                        self.metrics
+                            .load_failures
+                            .fetch_add(bad as u64, Ordering::Relaxed);
+                        self.metrics
+                            .checkpoint_misses
+                            .fetch_add(1, Ordering::Relaxed);
+                        // Lazy invalidation; the state is gone, so the whole
+                        // prefix is recomputed: report every chain group's
+                        // first block.
+                        self.directory
+                            .forget(&self.spec.groups()[*group].name, hash);
+                        for g in self.spec.groups() {
+                            if let Some(&eb) = r.alloc.blocks.get(&g.index).and_then(|b| b.first())
+                            {
+                                self.load_errors.insert(LoadError {
+                                    req: r.id.clone(),
+                                    group: g.index,
+                                    engine_block: eb,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Saves `layer`'s unit when `layer` is its last: the copies out of the
+    /// engine's memory wait device-side for `event`. A repeated call in one
+    /// step is a no-op.
+    pub fn save_kv_layer(&mut self, layer: u32, event: Option<Arc<D::Event>>) -> Result<()> {
+        let Some((_, u)) = self.stage_index(layer)? else {
+            return Ok(());
+        };
+        if layer != u.last_layer() {
+            return Ok(()); // a row is saved after its last layer
+        }
+        let Some(step) = self.step.as_mut() else {
+            return Err(CoordError::BadRequest(
+                "save_kv_layer before start_load_kv".into(),
+            ));
+        };
+        if !step.saved.insert(u.global) {
+            self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let meta = Arc::clone(&step.meta);
+        let reg = self.reg(&u)?.clone();
+        let g = &self.spec.groups()[u.group];
+        let mut saves = Vec::new();
+        for (ri, r) in meta.requests.iter().enumerate() {
+            match g.kind {
+                Kind::Chain | Kind::Sidecar => {
+                    let Some((_, range)) = r.save_blocks.iter().find(|(gi, _)| *gi == u.group)
+                    else {
+                        continue;
+                    };
+                    let ids = self.ids(r, u.group);
+                    let table = r
+                        .alloc
+                        .blocks
+                        .get(&u.group)
+                        .map(Vec::as_slice)
+                        .unwrap_or(&[]);
+                    let mut items = Vec::new();
+                    let mut engine_blocks = Vec::new();
+                    for i in range.clone() {
+                        let (Some(id), Some(&eb)) = (ids.get(i), table.get(i)) else {
+                            continue;
+                        };
+                        engine_blocks.push(eb);
+                        items.push(TaskItem {
+                            block: *id,
+                            shard: u.shard,
+                            memory: reg.memory.clone(),
+                            offset: eb as usize * reg.stride,
+                        });
+                    }
+                    if items.is_empty() {
+                        continue;
+                    }
+                    let Some(store) = self.stores.blocks(u.group) else {
+                        continue;
+                    };
+                    saves.push(Save {
+                        req: ri,
+                        what: What::Blocks {
+                            group: u.group,
+                            engine_blocks,
+                        },
+                        task: store.dump(items, event.clone()).map_err(|e| e.to_string()),
+                    });
+                }
+                Kind::Snapshot => {
+                    for &(gi, pos) in r.save_states.iter().filter(|(gi, _)| *gi == u.group) {
+                        let (Some(&slot), Some(store)) =
+                            (r.alloc.state_slots.get(&gi), self.stores.snapshots(gi))
+                        else {
+                            continue;
+                        };
+                        let hash = self.state_hash(r, gi, pos)?;
+                        let key = SnapshotKey {
+                            group: gi as u32,
+                            position: pos,
+                            hash,
+                        };
+                        let item = StateItem {
+                            shard: u.shard,
+                            memory: reg.memory.clone(),
+                            offset: slot as usize * reg.stride,
+                        };
+                        saves.push(Save {
+                            req: ri,
+                            what: What::State {
+                                group: gi,
+                                position: pos,
+                                hash,
+                            },
+                            task: store
+                                .put(&key, vec![item], event.clone())
+                                .map_err(|e| e.to_string()),
+                        });
+                    }
+                }
+                Kind::None => {}
+            }
+        }
+        if let Some(step) = self.step.as_mut() {
+            step.saves.extend(saves);
+        }
+        Ok(())
+    }
+
+    /// Ends the step: every copy out of the engine's memory has finished
+    /// when it returns (the engine may reuse those blocks). Records load
+    /// failures not yet seen, registers completed checkpoints, and keeps
+    /// the saves' durability for [`Worker::get_finished`].
+    pub fn wait_for_save(&mut self) -> Result<()> {
+        let Some(step) = self.step.take() else {
+            return Ok(());
+        };
+        let globals: Vec<u32> = step.loads.keys().copied().collect();
+        let meta = Arc::clone(&step.meta);
+        let saves = step.saves;
+        let loads_by_req: HashSet<String> = step
+            .loads
+            .values()
+            .flatten()
+            .map(|l| meta.requests[l.req].id.clone())
+            .collect();
+        // Settle every load (including those only a stream waited for).
+        self.step = Some(Step {
+            meta: Arc::clone(&meta),
+            next: step.next,
+            loads: step.loads,
+            waited: step.waited,
+            saved: step.saved,
+            saves: Vec::new(),
+        });
+        for g in globals {
+            self.settle_unit(g, None);
+        }
+        self.step = None;
+        self.loaded.extend(loads_by_req);
+        // Per state put: (group, position, hash, all parts ok).
+        let mut states: HashMap<(usize, u64, Id), bool> = HashMap::new();
+        for s in saves {
+            let r = &meta.requests[s.req];
+            let outcomes: Vec<ItemOutcome> = match &s.task {
+                Ok(t) => t.wait().into_iter().map(|(_, _, o)| o).collect(),
+                Err(e) => vec![ItemOutcome::Failed(e.clone())],
+            };
+            let ok = outcomes.iter().all(|o| *o == ItemOutcome::Ok);
+            let good = outcomes.iter().filter(|o| **o == ItemOutcome::Ok).count();
+            self.metrics
+                .saved_items
+                .fetch_add(good as u64, Ordering::Relaxed);
+            if !ok {
+                let why = outcomes
+                    .iter()
+                    .find_map(|o| match o {
+                        ItemOutcome::Failed(w) => Some(w.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_else(|| "save failed".into());
+                self.metrics
+                    .save_failures
+                    .fetch_add((outcomes.len() - good) as u64, Ordering::Relaxed);
+                self.failed.push((r.id.clone(), why));
+            }
+            if let What::State {
+                group,
+                position,
+                hash,
+            } = s.what
+            {
+                let e = states.entry((group, position, hash)).or_insert(true);
+                *e &= ok;
+            }
+            if let Ok(t) = s.task {
+                self.durable.push((r.id.clone(), t));
+            }
+        }
+        for ((group, position, hash), ok) in states {
+            // A checkpoint is whole only when every layer of it is stored:
+            // this stage's layers here; a checkpoint split across stages
+            // registers from each and is verified at load (a miss then).
+            if self
+                .directory
+                .put_completed(&self.spec.groups()[group].name, position, hash, ok)
+            {
+                self.metrics.checkpoints_put.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests finished (`finished`, as the engine gives them) whose saves
+    /// all ended, requests whose saves failed, and requests whose loads
+    /// completed since the last call. Non-blocking.
+    pub fn get_finished(&mut self, finished: &[String]) -> Finished {
+        let mut still = Vec::new();
+        let mut pending: HashSet<String> = HashSet::new();
+        for (req, t) in self.durable.drain(..) {
+            match t.durable_now() {
+                None => {
+                    pending.insert(req.clone());
+                    still.push((req, t));
+                }
+                Some(v) => {
+                    for (_, d) in v {
+                        if let Durability::Failed(why) = d {
+                            self.metrics.save_failures.fetch_add(1, Ordering::Relaxed);
+                            self.failed.push((req.clone(), why));
+                        }
+                    }
+                }
+            }
+        }
+        self.durable = still;
+        let failed = std::mem::take(&mut self.failed);
+        let failed_ids: HashSet<&String> = failed.iter().map(|(r, _)| r).collect();
+        Finished {
+            saved: finished
+                .iter()
+                .filter(|r| !pending.contains(*r) && !failed_ids.contains(r))
+                .cloned()
+                .collect(),
+            save_failed: failed,
+            loaded: std::mem::take(&mut self.loaded),
+        }
+    }
+
+    /// Engine blocks whose load failed since the last call: the engine
+    /// recomputes them (and everything after them in their request).
+    pub fn block_ids_with_load_errors(&mut self) -> Vec<LoadError> {
+        let mut v: Vec<LoadError> = self.load_errors.drain().collect();
+        v.sort_by(|a, b| (&a.req, a.group, a.engine_block).cmp(&(&b.req, b.group, b.engine_block)));
+        v
+    }
+}
