@@ -30,8 +30,7 @@ use crate::coordinator::{
 };
 use crate::device::{CopyRun, Device, HostDevice, Memory};
 use crate::store::{
-    BlockStore, Durability, Geometry, SnapshotKey, SnapshotStore, StateItem, StoreError,
-    TaskItem,
+    BlockStore, Durability, Geometry, SnapshotKey, SnapshotStore, StateItem, StoreError, TaskItem,
 };
 
 /// What can go wrong in `ucm explain`.
