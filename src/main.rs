@@ -66,6 +66,39 @@ enum BenchCmd {
     Store(StoreArgs),
     /// Block hashing (chain ids) against raw md5 over the same bytes.
     Hash(HashArgs),
+    /// How much load I/O the adapter hides behind simulated per-unit compute.
+    Layerwise(LayerwiseArgs),
+}
+
+#[derive(Args)]
+struct LayerwiseArgs {
+    /// Print one JSON record per ratio (JSON lines) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Directory of the store (tmpfs /dev/shm gives stable numbers).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Units (layers) of the model.
+    #[arg(long, default_value_t = 32)]
+    units: u32,
+    /// Blocks of 16 tokens loaded per unit.
+    #[arg(long, default_value_t = 64)]
+    blocks: usize,
+    /// Bytes per token per layer.
+    #[arg(long, default_value_t = 4096)]
+    bytes_per_token: u64,
+    /// I/O-to-compute ratios.
+    #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
+    ratios: Vec<f64>,
+    /// Runs per ratio (the median counts).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Units loaded ahead of the one being waited for.
+    #[arg(long, default_value_t = 1)]
+    lookahead: usize,
+    /// The stores' I/O engine.
+    #[arg(long, default_value = "auto")]
+    engine: IoEngineKind,
 }
 
 #[derive(Args)]
@@ -238,6 +271,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             what: BenchCmd::Hash(args),
         } => bench_hash(args),
+        Cmd::Bench {
+            what: BenchCmd::Layerwise(args),
+        } => bench_layerwise(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -378,6 +414,36 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             println!(
                 "{:<22} {:>8.3} GiB/s  baseline {:>8.3} GiB/s  ratio {:.3}",
                 r.case, r.gib_s, r.limit_gib_s, r.ratio
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bench_layerwise(a: LayerwiseArgs) -> Result<(), String> {
+    use ucm::bench::layerwise::{self as lw, LayerwiseConfig};
+    let cfg = LayerwiseConfig {
+        dir: a.dir.unwrap_or_else(std::env::temp_dir),
+        units: a.units,
+        blocks: a.blocks,
+        bytes_per_token: a.bytes_per_token,
+        ratios: a.ratios,
+        reps: a.reps,
+        lookahead: a.lookahead,
+        engine: a.engine,
+    };
+    let records = lw::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    for r in &records {
+        if a.json {
+            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        } else {
+            println!(
+                "io {:.3} ms/unit  compute {:.3} ms/unit  exposed {:.2} ms (ideal {:.2})  hidden {:.3}",
+                r.io_per_unit_ms,
+                r.compute_per_unit_ms,
+                r.exposed_io_ms,
+                r.ideal_exposed_ms,
+                r.hidden_fraction
             );
         }
     }

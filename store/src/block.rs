@@ -415,6 +415,9 @@ impl<D: Device> TieredBlockStore<D> {
                 std::thread::Builder::new()
                     .name(format!("ucm-store-{i}"))
                     .spawn(move || {
+                        // Submitting a task must not hand the submitter's
+                        // core to this worker.
+                        ucm_device::io::background_worker_thread();
                         for job in rx {
                             match job {
                                 Job::Load(items, t, index) => {

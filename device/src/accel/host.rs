@@ -219,6 +219,9 @@ impl HostStream {
         thread::Builder::new()
             .name("ucm-host-stream".into())
             .spawn(move || {
+                // The "device": its copies must not take the core of the
+                // thread that queued them.
+                crate::io::background_worker_thread();
                 // Runs until every handle is gone and the queue is drained,
                 // so events recorded here always complete.
                 for op in rx {

@@ -160,6 +160,19 @@ impl IoTicket {
     }
 }
 
+/// Marks the calling thread as a background worker (Linux `SCHED_BATCH`,
+/// same nice level): waking it never preempts the thread that woke it.
+/// Without this, the scheduler tends to run a freshly woken I/O worker on
+/// the waker's core at once, so a caller that merely submits work (an
+/// engine's layer loop) stalls for as long as the worker runs. Returns
+/// whether the policy was applied (it needs no privilege).
+pub fn background_worker_thread() -> bool {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` on the calling thread (pid 0) with a
+    // valid, initialised parameter; it only changes scheduling policy.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0 }
+}
+
 /// How long a waiter polls before it sleeps (see [`IoTicket::wait`]).
 const SPIN: Duration = Duration::from_micros(50);
 

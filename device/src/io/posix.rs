@@ -26,6 +26,7 @@ impl PosixEngine {
             let h = thread::Builder::new()
                 .name(format!("ucm-posix-{i}"))
                 .spawn(move || {
+                    super::background_worker_thread();
                     // Ends once every sender is gone and the queue is empty.
                     let next = || match poll {
                         true => super::spin_recv(&rx).or_else(|| rx.recv().ok()),

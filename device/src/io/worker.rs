@@ -151,7 +151,10 @@ impl Workers {
             let (tx, rx) = unbounded();
             let handle = thread::Builder::new()
                 .name(format!("ucm-{name}-{i}"))
-                .spawn(move || run(ring, depth, rx))
+                .spawn(move || {
+                    super::background_worker_thread();
+                    run(ring, depth, rx)
+                })
                 .map_err(|e| DeviceError::Io {
                     op: "spawn io worker",
                     path: None,

@@ -1,0 +1,336 @@
+//! `ucm bench layerwise`: how much of the load I/O the adapter hides
+//! behind per-unit compute, on the host device.
+//!
+//! A one-group model of `units` layers is stored once (one request of
+//! `blocks` blocks per layer). Each measurement reopens the stores (empty
+//! pools: every unit comes from disk) and drives the adapter as an engine
+//! would for a request that hits all of it: `start_load_kv`, then per layer
+//! `wait_for_layer_load`, a simulated compute (a sleep: an accelerator's
+//! compute does not take the host CPU) and `save_kv_layer`. First with no
+//! compute, which gives the I/O per unit; then with compute set to that I/O
+//! divided by each ratio.
+//!
+//! Per ratio: `exposed_io_ms` = wall time - the time the simulated compute
+//! actually took (a sleep overshoots by ~0.1 ms); `ideal_exposed_ms`
+//! = one unit's I/O (the first unit cannot overlap anything) + the I/O in
+//! excess of compute for the others; `hidden_fraction` = (I/O - exposed) /
+//! (I/O - ideal exposed), 1 when the overlap is perfect. Goal: >= 0.9
+//! whenever the I/O per unit is at most the compute per unit.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::coordinator::adapter::{
+    Allocation, EngineRequest, LayerRegistration, Scheduled, Scheduler, StoreSet, StoreSetConfig,
+    UnitMap, Worker, WorkerConfig,
+};
+use crate::coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys, SpecTable};
+use crate::device::{Device, HostDevice, IoEngineKind};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct LayerwiseConfig {
+    /// Store directory (removed afterwards).
+    pub dir: PathBuf,
+    /// Units (layers) of the model.
+    pub units: u32,
+    /// Blocks of 16 tokens loaded per unit.
+    pub blocks: usize,
+    /// Bytes per token per layer (a block is 16 of them).
+    pub bytes_per_token: u64,
+    /// I/O-to-compute ratios to run.
+    pub ratios: Vec<f64>,
+    /// Runs per ratio (the median counts).
+    pub reps: usize,
+    /// Units loaded ahead.
+    pub lookahead: usize,
+    /// The stores' I/O engine.
+    pub engine: IoEngineKind,
+}
+
+impl Default for LayerwiseConfig {
+    fn default() -> Self {
+        LayerwiseConfig {
+            dir: std::env::temp_dir(),
+            units: 32,
+            blocks: 64,
+            bytes_per_token: 4096,
+            ratios: vec![0.25, 0.5, 1.0, 2.0],
+            reps: 3,
+            lookahead: 1,
+            engine: IoEngineKind::Auto,
+        }
+    }
+}
+
+/// One record per ratio.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerwiseRecord {
+    /// I/O per unit, measured with no compute.
+    pub io_per_unit_ms: f64,
+    /// Simulated compute per unit.
+    pub compute_per_unit_ms: f64,
+    /// Wall time not covered by compute.
+    pub exposed_io_ms: f64,
+    /// The least exposure possible.
+    pub ideal_exposed_ms: f64,
+    /// Share of the hideable I/O that was hidden.
+    pub hidden_fraction: f64,
+}
+
+/// Errors of the bench.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerwiseError {
+    /// The adapter or a store failed.
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    /// The host device failed.
+    #[error(transparent)]
+    Device(#[from] crate::device::DeviceError),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+struct Model {
+    spec: Arc<SpecTable>,
+    units: Arc<UnitMap>,
+    dev: Arc<HostDevice>,
+    tokens: Arc<Vec<u32>>,
+}
+
+fn open(
+    m: &Model,
+    dir: &Path,
+    cfg: &LayerwiseConfig,
+) -> Result<(Arc<StoreSet<HostDevice>>, Arc<CheckpointDirectory>), LayerwiseError> {
+    let stores = StoreSet::open(
+        &m.spec,
+        &m.units,
+        dir,
+        Arc::clone(&m.dev),
+        &StoreSetConfig {
+            pool_slots: cfg.blocks * cfg.units as usize * 2,
+            engine: cfg.engine,
+            ..StoreSetConfig::default()
+        },
+    )?;
+    Ok((Arc::new(stores), Arc::new(CheckpointDirectory::new())))
+}
+
+/// Drives one request through one step; returns (wall time, time spent
+/// in the simulated compute, matched).
+fn drive(
+    m: &Model,
+    dir: &Path,
+    cfg: &LayerwiseConfig,
+    id: &str,
+    compute: Duration,
+) -> Result<(Duration, Duration, u64), LayerwiseError> {
+    let (stores, directory) = open(m, dir, cfg)?;
+    let mut sched = Scheduler::new(
+        Arc::clone(&m.spec),
+        Deployment { tp_size: 1 },
+        Arc::clone(&stores),
+        Arc::clone(&directory),
+    );
+    let mut worker = Worker::new(
+        Arc::clone(&m.spec),
+        Arc::clone(&m.units),
+        Arc::clone(&stores),
+        directory,
+        Arc::clone(&m.dev),
+        WorkerConfig {
+            rank: 0,
+            tp_size: 1,
+            stage: 0..cfg.units,
+            lookahead: cfg.lookahead,
+        },
+    )?;
+    let stride = stores.shard_bytes(0);
+    let mut regs = Vec::new();
+    for l in 0..cfg.units {
+        regs.push(LayerRegistration {
+            layer: l,
+            memory: m.dev.alloc_device(stride * (cfg.blocks + 1))?,
+            stride,
+        });
+    }
+    worker.register_kv_caches(regs)?;
+    let req = EngineRequest {
+        id: id.into(),
+        tokens: Arc::clone(&m.tokens),
+        keys: RequestKeys::default(),
+    };
+    let (matched, _) = sched.get_num_new_matched_tokens(&req, 0)?;
+    let mut alloc = Allocation::default();
+    alloc.blocks.insert(0, (0..=cfg.blocks as u32).collect());
+    sched.update_state_after_alloc(id, alloc, matched)?;
+    let meta = sched.build_meta(&[Scheduled {
+        req: id.into(),
+        start: matched,
+        end: m.tokens.len() as u64,
+    }])?;
+    let t = Instant::now();
+    worker.start_load_kv(meta)?;
+    let mut computed = Duration::ZERO;
+    for l in 0..cfg.units {
+        worker.wait_for_layer_load(l)?;
+        if !compute.is_zero() {
+            // The compute actually taken (a sleep overshoots a little) is
+            // what the I/O may hide behind.
+            let c = Instant::now();
+            std::thread::sleep(compute);
+            computed += c.elapsed();
+        }
+        worker.save_kv_layer(l, None)?;
+    }
+    let wall = t.elapsed();
+    worker.wait_for_save()?;
+    let errors = worker.block_ids_with_load_errors();
+    if !errors.is_empty() {
+        return Err(LayerwiseError::Other(format!(
+            "{} load errors",
+            errors.len()
+        )));
+    }
+    // Wait until saves are on disk before the stores close.
+    for _ in 0..1000 {
+        let f = worker.get_finished(&[id.to_string()]);
+        if !f.save_failed.is_empty() {
+            return Err(LayerwiseError::Other(format!(
+                "save failed: {:?}",
+                f.save_failed
+            )));
+        }
+        if f.saved.iter().any(|r| r == id) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok((wall, computed, matched))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs the bench.
+pub fn run(
+    cfg: &LayerwiseConfig,
+    progress: impl Fn(&str),
+) -> Result<Vec<LayerwiseRecord>, LayerwiseError> {
+    if cfg.units == 0 || cfg.blocks == 0 || cfg.reps == 0 || cfg.ratios.iter().any(|r| *r <= 0.0) {
+        return Err(LayerwiseError::Other(
+            "units, blocks, reps and ratios must be positive".into(),
+        ));
+    }
+    let toml = format!(
+        "model = \"layerwise-bench\"\n[[group]]\nname = \"kv\"\nkind = \"chain\"\nblock_size = 16\nlayers = \"0-{}\"\nbytes_per_token = {}\n",
+        cfg.units - 1,
+        cfg.bytes_per_token
+    );
+    let spec = Arc::new(SpecTable::from_toml(&toml)?);
+    let m = Model {
+        units: Arc::new(UnitMap::new(&spec)),
+        spec,
+        dev: Arc::new(HostDevice::new()),
+        tokens: Arc::new((0..cfg.blocks as u32 * 16 + 1).collect()),
+    };
+    let dir = cfg
+        .dir
+        .join(format!("ucm-bench-layerwise-{}", std::process::id()));
+    let result = (|| {
+        progress(&format!(
+            "layerwise: storing {} units x {} blocks of {} KiB",
+            cfg.units,
+            cfg.blocks,
+            (cfg.bytes_per_token * 16) >> 10
+        ));
+        let (_, _, matched) = drive(&m, &dir, cfg, "store", Duration::ZERO)?;
+        if matched != 0 {
+            return Err(LayerwiseError::Other("the store was not empty".into()));
+        }
+        let io: Vec<f64> = (0..cfg.reps)
+            .map(|i| {
+                let (wall, _, matched) = drive(&m, &dir, cfg, &format!("io{i}"), Duration::ZERO)?;
+                if matched == 0 {
+                    return Err(LayerwiseError::Other(
+                        "the stored request did not hit".into(),
+                    ));
+                }
+                Ok(wall.as_secs_f64() * 1e3 / f64::from(cfg.units))
+            })
+            .collect::<Result<_, LayerwiseError>>()?;
+        let io = median(io);
+        progress(&format!("layerwise: I/O per unit {io:.3} ms"));
+        let mut out = Vec::new();
+        for &r in &cfg.ratios {
+            let compute_ms = io / r;
+            let compute = Duration::from_secs_f64(compute_ms / 1e3);
+            let mut exposed = Vec::new();
+            for i in 0..cfg.reps {
+                let (wall, computed, _) = drive(&m, &dir, cfg, &format!("r{r}-{i}"), compute)?;
+                let ms = (wall.as_secs_f64() - computed.as_secs_f64()) * 1e3;
+                exposed.push(ms.max(0.0));
+            }
+            let exposed = median(exposed);
+            let n = f64::from(cfg.units);
+            let total = io * n;
+            let ideal = io + (n - 1.0) * (io - compute_ms).max(0.0);
+            let hidden = if total > ideal {
+                ((total - exposed) / (total - ideal)).clamp(0.0, 1.0)
+            } else {
+                1.0
+            };
+            progress(&format!(
+                "layerwise: io/compute {r}: exposed {exposed:.2} ms (ideal {ideal:.2}), hidden {hidden:.3}"
+            ));
+            out.push(LayerwiseRecord {
+                io_per_unit_ms: r4(io),
+                compute_per_unit_ms: r4(compute_ms),
+                exposed_io_ms: r4(exposed),
+                ideal_exposed_ms: r4(ideal),
+                hidden_fraction: r4(hidden),
+            });
+        }
+        Ok(out)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn r4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_run_reports_every_ratio() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = LayerwiseConfig {
+            dir: dir.path().to_path_buf(),
+            units: 4,
+            blocks: 4,
+            bytes_per_token: 256,
+            ratios: vec![0.5, 2.0],
+            reps: 1,
+            ..LayerwiseConfig::default()
+        };
+        let recs = run(&cfg, |_| {}).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert!(recs
+            .iter()
+            .all(|r| r.io_per_unit_ms > 0.0 && (0.0..=1.0).contains(&r.hidden_fraction)));
+        assert!((recs[0].compute_per_unit_ms - 2.0 * recs[0].io_per_unit_ms).abs() < 1e-3);
+        let bad = LayerwiseConfig { units: 0, ..cfg };
+        assert!(run(&bad, |_| {}).is_err());
+    }
+}
