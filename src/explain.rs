@@ -146,19 +146,9 @@ impl Scenario {
     }
 }
 
-/// The deterministic tokens of a scenario (splitmix64 of the seed, below
-/// 2^17).
+/// The deterministic tokens of a scenario.
 pub fn scenario_tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            ((z ^ (z >> 31)) % 131_072) as u32
-        })
-        .collect()
+    crate::coordinator::hash::seeded_tokens(seed, n)
 }
 
 /// The answer: `{"l", "p_star", "groups": {name: {"vote", "reason"}}}`.

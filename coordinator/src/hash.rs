@@ -215,3 +215,18 @@ impl RequestHashes {
 pub fn hex(id: &Id) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Deterministic tokens for tests, examples and scenarios: splitmix64 of
+/// `seed`, each below 2^17.
+pub fn seeded_tokens(seed: u64, n: usize) -> Vec<u32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % 131_072) as u32
+        })
+        .collect()
+}

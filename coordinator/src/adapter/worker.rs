@@ -244,32 +244,92 @@ impl<D: Device> Worker<D> {
         Ok(())
     }
 
-    fn ids<'m>(&self, r: &'m ReqMeta, group: usize) -> &'m [Id] {
-        let g = &self.spec.groups()[group];
-        let rank = match g.rank_rule {
+    /// The rank whose ids this worker uses for `group`.
+    fn id_rank(&self, group: usize) -> usize {
+        match self.spec.groups()[group].rank_rule {
             RankRule::AllUnion => 0,
             RankRule::Intersection => self.cfg.rank as usize,
-        };
+        }
+    }
+
+    fn ids<'m>(&self, r: &'m ReqMeta, group: usize) -> &'m [Id] {
         r.hashes.chains[group]
-            .get(rank)
+            .get(self.id_rank(group))
             .map(Vec::as_slice)
             .unwrap_or(&[])
     }
 
-    fn state_hash(&self, r: &ReqMeta, group: usize, position: u64) -> Result<Id> {
-        let g = &self.spec.groups()[group];
-        let rank = match g.rank_rule {
-            RankRule::AllUnion => 0,
-            RankRule::Intersection => self.cfg.rank as usize,
-        };
-        let ids = r.hashes.chains[group]
-            .get(rank)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let seed = r.hashes.seeds[group].get(rank).ok_or_else(|| {
+    /// The key and item of `r`'s state of snapshot unit `u` at `position`.
+    fn state_item(
+        &self,
+        u: &Unit,
+        r: &ReqMeta,
+        position: u64,
+        reg: &LayerRegistration,
+    ) -> Result<(SnapshotKey, StateItem)> {
+        let g = &self.spec.groups()[u.group];
+        let rank = self.id_rank(u.group);
+        let seed = r.hashes.seeds[u.group].get(rank).ok_or_else(|| {
             CoordError::BadRequest(format!("no seed for rank {rank} of group `{}`", g.name))
         })?;
-        checkpoint_hash(seed, ids, &r.tokens, g.hash_block, position)
+        let hash = checkpoint_hash(
+            seed,
+            self.ids(r, u.group),
+            &r.tokens,
+            g.hash_block,
+            position,
+        )?;
+        let slot = r.alloc.state_slots.get(&u.group).ok_or_else(|| {
+            CoordError::BadRequest(format!(
+                "request `{}` has no state slot for `{}`",
+                r.id, g.name
+            ))
+        })?;
+        Ok((
+            SnapshotKey {
+                group: u.group as u32,
+                position,
+                hash,
+            },
+            StateItem {
+                shard: u.shard,
+                memory: reg.memory.clone(),
+                offset: *slot as usize * reg.stride,
+            },
+        ))
+    }
+
+    /// The items of `r`'s blocks `range` of chain or sidecar unit `u`, and
+    /// their engine blocks.
+    fn block_items(
+        &self,
+        u: &Unit,
+        r: &ReqMeta,
+        range: Range<usize>,
+        reg: &LayerRegistration,
+    ) -> (Vec<TaskItem>, Vec<u32>) {
+        let ids = self.ids(r, u.group);
+        let table = r
+            .alloc
+            .blocks
+            .get(&u.group)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let mut items = Vec::new();
+        let mut engine_blocks = Vec::new();
+        for i in range {
+            let (Some(id), Some(&eb)) = (ids.get(i), table.get(i)) else {
+                continue;
+            };
+            engine_blocks.push(eb);
+            items.push(TaskItem {
+                block: *id,
+                shard: u.shard,
+                memory: reg.memory.clone(),
+                offset: eb as usize * reg.stride,
+            });
+        }
+        (items, engine_blocks)
     }
 
     fn reg(&self, u: &Unit) -> Result<&LayerRegistration> {
@@ -365,27 +425,7 @@ impl<D: Device> Worker<D> {
                 if range.is_empty() {
                     return None;
                 }
-                let ids = self.ids(r, u.group);
-                let table = r
-                    .alloc
-                    .blocks
-                    .get(&u.group)
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]);
-                let mut items = Vec::new();
-                let mut engine_blocks = Vec::new();
-                for i in range {
-                    let (Some(id), Some(&eb)) = (ids.get(i), table.get(i)) else {
-                        continue;
-                    };
-                    engine_blocks.push(eb);
-                    items.push(TaskItem {
-                        block: *id,
-                        shard: u.shard,
-                        memory: reg.memory.clone(),
-                        offset: eb as usize * reg.stride,
-                    });
-                }
+                let (items, engine_blocks) = self.block_items(u, r, range, reg);
                 let store = self.stores.blocks(u.group)?;
                 self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
                 Some(UnitLoad {
@@ -402,18 +442,8 @@ impl<D: Device> Worker<D> {
                 if p == 0 {
                     return None;
                 }
-                let slot = *r.alloc.state_slots.get(&u.group)?;
-                let hash = self.state_hash(r, u.group, p).ok()?;
-                let key = SnapshotKey {
-                    group: u.group as u32,
-                    position: p,
-                    hash,
-                };
-                let item = StateItem {
-                    shard: u.shard,
-                    memory: reg.memory.clone(),
-                    offset: slot as usize * reg.stride,
-                };
+                let (key, item) = self.state_item(u, r, p, reg).ok()?;
+                let hash = key.hash;
                 let store = self.stores.snapshots(u.group)?;
                 self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
                 Some(UnitLoad {
@@ -651,27 +681,7 @@ impl<D: Device> Worker<D> {
                     else {
                         continue;
                     };
-                    let ids = self.ids(r, u.group);
-                    let table = r
-                        .alloc
-                        .blocks
-                        .get(&u.group)
-                        .map(Vec::as_slice)
-                        .unwrap_or(&[]);
-                    let mut items = Vec::new();
-                    let mut engine_blocks = Vec::new();
-                    for i in range.clone() {
-                        let (Some(id), Some(&eb)) = (ids.get(i), table.get(i)) else {
-                            continue;
-                        };
-                        engine_blocks.push(eb);
-                        items.push(TaskItem {
-                            block: *id,
-                            shard: u.shard,
-                            memory: reg.memory.clone(),
-                            offset: eb as usize * reg.stride,
-                        });
-                    }
+                    let (items, engine_blocks) = self.block_items(&u, r, range.clone(), &reg);
                     if items.is_empty() {
                         continue;
                     }
@@ -689,22 +699,11 @@ impl<D: Device> Worker<D> {
                 }
                 Kind::Snapshot => {
                     for &(gi, pos) in r.save_states.iter().filter(|(gi, _)| *gi == u.group) {
-                        let (Some(&slot), Some(store)) =
-                            (r.alloc.state_slots.get(&gi), self.stores.snapshots(gi))
-                        else {
+                        let Some(store) = self.stores.snapshots(gi) else {
                             continue;
                         };
-                        let hash = self.state_hash(r, gi, pos)?;
-                        let key = SnapshotKey {
-                            group: gi as u32,
-                            position: pos,
-                            hash,
-                        };
-                        let item = StateItem {
-                            shard: u.shard,
-                            memory: reg.memory.clone(),
-                            offset: slot as usize * reg.stride,
-                        };
+                        let (key, item) = self.state_item(&u, r, pos, &reg)?;
+                        let hash = key.hash;
                         saves.push(Save {
                             req: ri,
                             what: What::State {
