@@ -479,24 +479,33 @@ impl<D: Device> Worker<D> {
     /// [`Worker::block_ids_with_load_errors`]; a repeated call in one step
     /// returns at once.
     pub fn wait_for_layer_load(&mut self, layer: u32) -> Result<()> {
+        if let Some(global) = self.begin_wait(layer, "wait_for_layer_load")? {
+            self.settle_unit(global, None);
+        }
+        Ok(())
+    }
+
+    /// The common start of a layer wait: starts the lookahead and returns
+    /// the unit to wait for, or `None` when there is nothing to wait for
+    /// (a `none` layer, a row's later layer, a repeated call).
+    fn begin_wait(&mut self, layer: u32, hook: &str) -> Result<Option<u32>> {
         let Some((i, u)) = self.stage_index(layer)? else {
-            return Ok(());
+            return Ok(None);
         };
         if layer != u.first_layer() {
-            return Ok(()); // a row: loaded before its first layer
+            return Ok(None); // a row: loaded before its first layer
         }
         self.start_until(i + 1 + self.cfg.lookahead);
         let Some(step) = self.step.as_mut() else {
-            return Err(CoordError::BadRequest(
-                "wait_for_layer_load before start_load_kv".into(),
-            ));
+            return Err(CoordError::BadRequest(format!(
+                "{hook} before start_load_kv"
+            )));
         };
         if !step.waited.insert(u.global) {
             self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(None);
         }
-        self.settle_unit(u.global, None);
-        Ok(())
+        Ok(Some(u.global))
     }
 
     /// Non-blocking: has `req`'s load of `layer`'s unit completed (or is
@@ -529,25 +538,15 @@ impl<D: Device> Worker<D> {
     /// through a host function queued on it; the caller does not block.
     /// Failures are recorded at [`Worker::wait_for_save`].
     pub fn wait_for_layer_load_on(&mut self, layer: u32, stream: &D::Stream) -> Result<()> {
-        let Some((i, u)) = self.stage_index(layer)? else {
+        let Some(global) = self.begin_wait(layer, "wait_for_layer_load_on")? else {
             return Ok(());
         };
-        if layer != u.first_layer() {
+        let Some(step) = self.step.as_ref() else {
             return Ok(());
-        }
-        self.start_until(i + 1 + self.cfg.lookahead);
-        let Some(step) = self.step.as_mut() else {
-            return Err(CoordError::BadRequest(
-                "wait_for_layer_load_on before start_load_kv".into(),
-            ));
         };
-        if !step.waited.insert(u.global) {
-            self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
         let handles: Vec<TaskHandle> = step
             .loads
-            .get(&u.global)
+            .get(&global)
             .map(|ls| {
                 ls.iter()
                     .filter_map(|l| l.task.as_ref().ok().cloned())
