@@ -18,6 +18,7 @@
 pub mod bench;
 pub mod explain;
 pub mod info;
+pub mod replay;
 
 pub use ucm_coordinator as coordinator;
 pub use ucm_device as device;

@@ -27,6 +27,9 @@ enum Cmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Replay a workload end to end on the host device (simulated engine,
+    /// content oracle) in every mode, and report.
+    Replay(ReplayArgs),
     /// Why did (or didn't) a prompt hit? Materialises a scenario in a real
     /// store on the host device and runs the real resolve_hit.
     Explain(ExplainArgs),
@@ -35,6 +38,62 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// The model's spec table.
+    #[arg(long, default_value = "specs/x-hybrid-96.toml")]
+    spec: PathBuf,
+    /// The workload.
+    #[arg(long, value_enum, default_value = "chat")]
+    workload: ucm::replay::Workload,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Sessions (chat), documents (docqa); prompts = sessions x turns (random).
+    #[arg(long, default_value_t = 8)]
+    sessions: usize,
+    /// Turns per session (chat), questions per document (docqa).
+    #[arg(long, default_value_t = 4)]
+    turns: usize,
+    /// Tensor-parallel ranks (threads sharing the stores).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Pipeline stages.
+    #[arg(long, default_value_t = 1)]
+    pp: u32,
+    /// Speculative decoding: every layer hook is called twice per step.
+    #[arg(long)]
+    spec_decode: bool,
+    /// Probability per request of an injected fault (I/O error, ENOSPC,
+    /// eviction storm, a rank dying before it saves); needs the
+    /// `failpoints` feature for the I/O errors.
+    #[arg(long, default_value_t = 0.0)]
+    faults: f64,
+    /// Modes to run.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ucm,recompute,fold"
+    )]
+    modes: Vec<ucm::replay::Mode>,
+    /// Byte sizes divided by this (structure unchanged).
+    #[arg(long, default_value_t = 64)]
+    bytes_scale: u64,
+    /// Simulated compute per prompt token not served, in microseconds.
+    #[arg(long, default_value_t = 60.0)]
+    compute_us_per_token: f64,
+    /// Directory of the stores (default: /dev/shm when present).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Draw hit rate and TTFT per turn for each mode into this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -259,6 +318,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Info { json, dir } => info(json, dir),
         Cmd::Explain(args) => explain(args),
+        Cmd::Replay(args) => replay(args),
         Cmd::Bench {
             what: BenchCmd::Io(args),
         } => bench_io(args),
@@ -282,6 +342,62 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn replay(a: ReplayArgs) -> Result<(), String> {
+    use std::io::Write;
+    let dir = a.dir.unwrap_or_else(|| {
+        let shm = PathBuf::from("/dev/shm");
+        if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        }
+    });
+    let cfg = ucm::replay::ReplayConfig {
+        spec: a.spec,
+        workload: a.workload,
+        seed: a.seed,
+        sessions: a.sessions,
+        turns: a.turns,
+        tp: a.tp,
+        pp: a.pp,
+        spec_decode: a.spec_decode,
+        faults: a.faults,
+        dir,
+        bytes_scale: a.bytes_scale,
+        compute_us_per_token: a.compute_us_per_token,
+        chunk: 2048,
+        modes: a.modes,
+    };
+    let progress = |l: &str| {
+        let mut e = std::io::stderr();
+        let _ = write!(e, "\r{l}");
+        let _ = e.flush();
+    };
+    let report = ucm::replay::run(&cfg, &progress).map_err(|e| e.to_string())?;
+    eprintln!();
+    if let Some(p) = &a.plot {
+        std::fs::write(p, ucm::replay::render_svg(&report))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", ucm::replay::render_text(&report));
+    }
+    let wrong: u64 = report.modes.values().map(|m| m.wrong_hits).sum();
+    let lost: u64 = report.modes.values().map(|m| m.unaccounted_faults).sum();
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong hits"));
+    }
+    if lost > 0 {
+        return Err(format!("{lost} injected faults were never reported"));
+    }
+    Ok(())
 }
 
 fn explain(a: ExplainArgs) -> Result<(), String> {

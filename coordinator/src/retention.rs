@@ -1,6 +1,9 @@
 //! Retention: where snapshot groups create checkpoints (DESIGN.md section 6).
 //!
-//! Three triggers, each position aligned down to the group's grid:
+//! Three triggers, each position aligned down to the group's grid, and
+//! further to the model's common grid (the LCM of the chain block sizes and
+//! the snapshot grids): a checkpoint off the common grid could never be
+//! servable (DESIGN.md section 5), so keeping one would only cost space.
 //!
 //! 1. **request end**, only when new computation produced new state: the
 //!    end aligned down must lie beyond the position the request resumed
@@ -24,8 +27,10 @@ fn align_down(p: u64, grid: u64) -> u64 {
 
 /// Positions where `group` keeps checkpoints for a request that resumed at
 /// `start` (its `p*`) and ended at `end` tokens (input and output), by the
-/// request-end and interval triggers. Ascending, deduplicated.
-pub fn plan(group: &Group, start: u64, end: u64) -> Vec<u64> {
+/// request-end and interval triggers, aligned down to `lcm(group grid,
+/// common_grid)`. Ascending, deduplicated.
+pub fn plan(group: &Group, common_grid: u64, start: u64, end: u64) -> Vec<u64> {
+    let grid = crate::spec::lcm(group.block.max(1), common_grid.max(1));
     let Some(policy) = (group.kind == Kind::Snapshot)
         .then_some(group.retention.as_ref())
         .flatten()
@@ -36,7 +41,7 @@ pub fn plan(group: &Group, start: u64, end: u64) -> Vec<u64> {
     if let Some(n) = policy.interval.filter(|&n| n > 0) {
         let mut k = start / n + 1;
         while k.saturating_mul(n) <= end {
-            let p = align_down(k * n, group.block);
+            let p = align_down(k * n, grid);
             if p > start {
                 out.push(p);
             }
@@ -44,7 +49,7 @@ pub fn plan(group: &Group, start: u64, end: u64) -> Vec<u64> {
         }
     }
     if policy.request_end {
-        let p = align_down(end, group.block);
+        let p = align_down(end, grid);
         if p > start {
             out.push(p);
         }
@@ -78,9 +83,15 @@ impl RecurrenceTracker {
     /// group's own chain, hash block `group.hash_block`) are `ids` and that
     /// resumed at `p_star`. For an unserved request (`p_star == 0`) that
     /// shares a prefix with an earlier unserved one, returns the common
-    /// boundary aligned down to the grid, when that is positive. Served
-    /// requests are neither counted nor answered.
-    pub fn observe(&mut self, group: &Group, ids: &[Id], p_star: u64) -> Option<u64> {
+    /// boundary aligned down to `lcm(group grid, common_grid)`, when that is
+    /// positive. Served requests are neither counted nor answered.
+    pub fn observe(
+        &mut self,
+        group: &Group,
+        common_grid: u64,
+        ids: &[Id],
+        p_star: u64,
+    ) -> Option<u64> {
         if group.kind != Kind::Snapshot
             || p_star > 0
             || !group.retention.as_ref().is_some_and(|r| r.second_unserved)
@@ -91,7 +102,8 @@ impl RecurrenceTracker {
             .iter()
             .take_while(|id| self.seen.contains_key(*id))
             .count();
-        let boundary = align_down(shared as u64 * group.hash_block, group.block);
+        let grid = crate::spec::lcm(group.block.max(1), common_grid.max(1));
+        let boundary = align_down(shared as u64 * group.hash_block, grid);
         for id in ids {
             *self.seen.entry(*id).or_insert(0) += 1;
         }

@@ -529,6 +529,21 @@ impl SpecTable {
         })
     }
 
+    /// The same table with every byte size divided by `divisor` (rounded
+    /// up, at least 1 byte): the same structure at a smaller scale, for
+    /// simulations that must fit a small machine. Block sizes, grids,
+    /// windows and layers are unchanged, so hits are too.
+    pub fn scaled(&self, divisor: u64) -> SpecTable {
+        let d = divisor.max(1);
+        let mut t = self.clone();
+        for g in &mut t.groups {
+            if g.unit_bytes > 0 {
+                g.unit_bytes = g.unit_bytes.div_ceil(d).max(1);
+            }
+        }
+        t
+    }
+
     /// All groups, in table order.
     pub fn groups(&self) -> &[Group] {
         &self.groups

@@ -148,16 +148,16 @@ retention = { interval = 1024 }
     let g = spec.group("state").unwrap();
     let mut want: Vec<u64> = (1..=9).map(|k| k * 1024).collect();
     want.push(9984);
-    assert_eq!(plan(g, 0, 10_000), want);
+    assert_eq!(plan(g, spec.common_grid(), 0, 10_000), want);
     // Resumed at 4096: only new state is kept.
     assert_eq!(
-        plan(g, 4096, 10_000),
+        plan(g, spec.common_grid(), 4096, 10_000),
         vec![5120, 6144, 7168, 8192, 9216, 9984]
     );
     // A full hit with nothing new keeps nothing.
-    assert_eq!(plan(g, 9984, 9984), Vec::<u64>::new());
+    assert_eq!(plan(g, spec.common_grid(), 9984, 9984), Vec::<u64>::new());
     // Chain groups keep no checkpoints.
-    assert!(plan(spec.group("attn").unwrap(), 0, 10_000).is_empty());
+    assert!(plan(spec.group("attn").unwrap(), 64, 0, 10_000).is_empty());
 }
 
 /// Trigger 2: the second unserved occurrence of a prefix keeps a
@@ -175,14 +175,14 @@ fn second_unserved_occurrence_keeps_the_common_boundary() {
     };
     let mut tr = RecurrenceTracker::new(64);
     // First unserved occurrence: nothing yet.
-    assert_eq!(tr.observe(m, &req(1), 0), None);
+    assert_eq!(tr.observe(m, 128, &req(1), 0), None);
     // A request served from cache (p* > 0) does not count.
-    assert_eq!(tr.observe(m, &req(2), 896), None);
+    assert_eq!(tr.observe(m, 128, &req(2), 896), None);
     // Second unserved occurrence: the common prefix is 1000 tokens; whole
     // hash blocks of 128 give 896, on mamba2's grid of 64.
-    assert_eq!(tr.observe(m, &req(3), 0), Some(896));
+    assert_eq!(tr.observe(m, 128, &req(3), 0), Some(896));
     // An unrelated prompt shares nothing.
-    assert_eq!(tr.observe(m, &tokens_ids(&spec, 5), 0), None);
+    assert_eq!(tr.observe(m, 128, &tokens_ids(&spec, 5), 0), None);
 }
 
 fn tokens_ids(spec: &SpecTable, seed: u64) -> Vec<[u8; 16]> {

@@ -86,6 +86,7 @@ pub struct ConnectorMeta {
 struct ReqState {
     req: EngineRequest,
     hashes: Arc<RequestHashes>,
+    l: u64,
     p_star: u64,
     num_computed: u64,
     alloc: Option<Arc<Allocation>>,
@@ -103,6 +104,7 @@ pub struct Scheduler<P: Presence> {
     tracker: RecurrenceTracker,
     reqs: HashMap<String, ReqState>,
     step: u64,
+    fold: bool,
 }
 
 impl<P: Presence> Scheduler<P> {
@@ -122,7 +124,16 @@ impl<P: Presence> Scheduler<P> {
             tracker: RecurrenceTracker::new(4096),
             reqs: HashMap::new(),
             step: 0,
+            fold: false,
         }
+    }
+
+    /// Baseline only (`ucm replay --mode fold`): the predecessor's
+    /// "hash-folding" retention. A state is kept only where a request's
+    /// prompt ends on a chain-grid boundary; no interval, no second-unserved
+    /// trigger, no alignment down to the grid.
+    pub fn set_fold_retention(&mut self, on: bool) {
+        self.fold = on;
     }
 
     /// Tokens of `req` beyond `num_computed` that the persistent tiers can
@@ -146,25 +157,34 @@ impl<P: Presence> Scheduler<P> {
         };
         let n = req.tokens.len();
         let visible = &req.tokens[..n.saturating_sub(1)];
-        let p_star = match resolve_hit(
+        let (l, p_star) = match resolve_hit(
             &self.spec,
             visible,
             &hashes,
             self.presence.as_ref(),
             self.directory.as_ref(),
         ) {
-            Ok(r) => r.p_star,
+            Ok(r) => (r.l, r.p_star),
             // Too short or empty: a miss, never a hit.
-            Err(CoordError::BadRequest(_)) => 0,
+            Err(CoordError::BadRequest(_)) => (0, 0),
             Err(e) => return Err(e),
         };
         if !self.reqs.contains_key(&req.id) {
             let mut plans = HashMap::new();
-            for g in self.spec.snapshot_groups() {
-                let mut ps: BTreeSet<u64> = plan(g, p_star, n as u64).into_iter().collect();
+            let grid = self.spec.chain_grid();
+            for g in self.spec.snapshot_groups().filter(|_| self.fold) {
+                let mut ps = BTreeSet::new();
+                if n as u64 % grid == 0 && n as u64 > p_star {
+                    ps.insert(n as u64);
+                }
+                plans.insert(g.index, ps);
+            }
+            for g in self.spec.snapshot_groups().filter(|_| !self.fold) {
+                let common = self.spec.common_grid();
+                let mut ps: BTreeSet<u64> = plan(g, common, p_star, n as u64).into_iter().collect();
                 if let Some(b) = hashes.chains[g.index]
                     .first()
-                    .and_then(|ids| self.tracker.observe(g, ids, p_star))
+                    .and_then(|ids| self.tracker.observe(g, common, ids, p_star))
                 {
                     if b > p_star && b <= n as u64 {
                         ps.insert(b);
@@ -177,6 +197,7 @@ impl<P: Presence> Scheduler<P> {
                 ReqState {
                     req: req.clone(),
                     hashes,
+                    l,
                     p_star,
                     num_computed,
                     alloc: None,
@@ -190,6 +211,7 @@ impl<P: Presence> Scheduler<P> {
             .reqs
             .get_mut(&req.id)
             .ok_or_else(|| CoordError::BadRequest(format!("request `{}` vanished", req.id)))?;
+        st.l = l;
         st.p_star = p_star;
         st.num_computed = num_computed;
         Ok((p_star.saturating_sub(num_computed), false))
@@ -302,6 +324,11 @@ impl<P: Presence> Scheduler<P> {
             step: self.step,
             requests,
         }))
+    }
+
+    /// The last resolution of a request: `(l, p*)`.
+    pub fn resolution(&self, req_id: &str) -> Option<(u64, u64)> {
+        self.reqs.get(req_id).map(|st| (st.l, st.p_star))
     }
 
     /// Positions where the request should end a prefill chunk so that its

@@ -165,6 +165,17 @@ impl<D: Device> StoreSet<D> {
         self.shard_bytes.get(&group).copied().unwrap_or(0)
     }
 
+    /// Disk writes retried so far, over every instance (a write fault that
+    /// a retry absorbed is counted here).
+    pub fn write_retries(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.chain
+            .values()
+            .map(|b| b.stats().write_retries.load(Relaxed))
+            .chain(self.snap.values().map(|s| s.blocks().stats().write_retries.load(Relaxed)))
+            .sum()
+    }
+
     /// Refills a checkpoint directory from every snapshot store's
     /// `enumerate` (a warm restart).
     pub fn rebuild_directory(&self, spec: &SpecTable, dir: &crate::CheckpointDirectory) {
