@@ -710,7 +710,8 @@ fn run_mode(
                 // The TTFT model: the load at full size, at the bandwidth
                 // this step measured.
                 if scaled_b > 0 {
-                    req_load_full_ms += step_wait.as_secs_f64() * 1e3 * full_b as f64 / scaled_b as f64;
+                    req_load_full_ms +=
+                        step_wait.as_secs_f64() * 1e3 * full_b as f64 / scaled_b as f64;
                 }
                 start = stop;
             }

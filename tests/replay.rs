@@ -15,14 +15,28 @@ fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
     let dir = tempfile::tempdir().unwrap();
     let plot = dir.path().join("r.svg");
     let out = ucm()
-        .args(["replay", "--sessions", "2", "--turns", "2", "--tp", "2", "--pp", "2"])
+        .args([
+            "replay",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+        ])
         .args(["--spec-decode", "--json", "--dir"])
         .arg(dir.path())
         .arg("--plot")
         .arg(&plot)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for mode in ["ucm", "recompute", "fold"] {
         let m = &v["modes"][mode];
@@ -40,12 +54,20 @@ fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
         }
     }
     let ucm_mode = &v["modes"]["ucm"];
-    assert!(ucm_mode["cached_tokens"].as_u64().unwrap() > 0, "the second turns hit");
+    assert!(
+        ucm_mode["cached_tokens"].as_u64().unwrap() > 0,
+        "the second turns hit"
+    );
     assert_eq!(v["modes"]["recompute"]["cached_tokens"], 0);
     // Per turn: the second turn is served from cache, so its simulated
     // TTFT is below recompute's.
     let t = |m: &str| v["modes"][m]["per_turn"][1][1].as_f64().unwrap();
-    assert!(t("ucm") < t("recompute"), "{} vs {}", t("ucm"), t("recompute"));
+    assert!(
+        t("ucm") < t("recompute"),
+        "{} vs {}",
+        t("ucm"),
+        t("recompute")
+    );
     assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
 }
 

@@ -172,7 +172,11 @@ impl<D: Device> StoreSet<D> {
         self.chain
             .values()
             .map(|b| b.stats().write_retries.load(Relaxed))
-            .chain(self.snap.values().map(|s| s.blocks().stats().write_retries.load(Relaxed)))
+            .chain(
+                self.snap
+                    .values()
+                    .map(|s| s.blocks().stats().write_retries.load(Relaxed)),
+            )
             .sum()
     }
 
