@@ -283,6 +283,10 @@ pub struct ModeReport {
     pub bytes_loaded: u64,
     /// Bytes saved.
     pub bytes_saved: u64,
+    /// Bytes the stores served from the memory tier (scaled).
+    pub bytes_from_pool: u64,
+    /// Bytes the stores read from the disk tier (scaled).
+    pub bytes_from_disk: u64,
     /// Load throughput, GiB/s (scaled bytes over load wall time).
     pub load_gib_s: f64,
     /// Per turn: (hit rate, mean simulated TTFT in ms).
@@ -491,9 +495,20 @@ fn rank_step(
     for e in rk.worker.block_ids_with_load_errors() {
         out.load_errors.push((e.group, e.engine_block));
     }
-    for (gi, range) in &r.save_blocks {
-        let shard = ctx.units.units().iter().filter(|u| u.group == *gi).count() as u64;
-        out.saved_bytes += range.len() as u64 * shard;
+    if save {
+        for (gi, range) in &r.save_blocks {
+            let units = rk
+                .worker
+                .stage_units()
+                .iter()
+                .filter(|u| u.group == *gi)
+                .count() as u64;
+            let shard = crate::coordinator::adapter::stores::shard_bytes(
+                &ctx.spec,
+                &ctx.spec.groups()[*gi],
+            ) as u64;
+            out.saved_bytes += range.len() as u64 * units * shard;
+        }
     }
     Ok(out)
 }
@@ -773,6 +788,7 @@ fn run_mode(
         rep.bytes_loaded as f64 / (1u64 << 30) as f64 / load_time.as_secs_f64()
     };
     rep.per_turn = turns(&per_turn);
+    (rep.bytes_from_pool, rep.bytes_from_disk) = stores.tier_bytes();
     progress("\n");
     drop(ranks);
     drop(sched);

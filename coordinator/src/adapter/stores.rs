@@ -180,6 +180,25 @@ impl<D: Device> StoreSet<D> {
             .sum()
     }
 
+    /// Bytes loaded so far from each tier, over every instance: `(pool
+    /// hits, disk reads)`, each shard counted at its instance's shard size.
+    pub fn tier_bytes(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut pool = 0;
+        let mut disk = 0;
+        let stats = self
+            .chain
+            .iter()
+            .map(|(g, b)| (*g, b.stats()))
+            .chain(self.snap.iter().map(|(g, s)| (*g, s.blocks().stats())));
+        for (g, st) in stats {
+            let shard = self.shard_bytes(g) as u64;
+            pool += st.pool_hits.load(Relaxed) * shard;
+            disk += st.disk_reads.load(Relaxed) * shard;
+        }
+        (pool, disk)
+    }
+
     /// Refills a checkpoint directory from every snapshot store's
     /// `enumerate` (a warm restart).
     pub fn rebuild_directory(&self, spec: &SpecTable, dir: &crate::CheckpointDirectory) {
