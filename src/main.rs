@@ -94,6 +94,9 @@ struct ReplayArgs {
     /// Draw hit rate and TTFT per turn for each mode into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Test only: corrupt one loaded byte, to prove the oracle reports it.
+    #[arg(long, hide = true)]
+    sabotage: bool,
 }
 
 #[derive(Args)]
@@ -369,6 +372,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         compute_us_per_token: a.compute_us_per_token,
         chunk: 2048,
         modes: a.modes,
+        sabotage: a.sabotage,
     };
     let progress = |l: &str| {
         let mut e = std::io::stderr();

@@ -114,6 +114,9 @@ pub struct ReplayConfig {
     pub chunk: u64,
     /// Modes to run.
     pub modes: Vec<Mode>,
+    /// Test only: flip one byte of the first block loaded, so the oracle
+    /// must report a wrong hit (proves the check can fail).
+    pub sabotage: bool,
 }
 
 impl Default for ReplayConfig {
@@ -133,6 +136,7 @@ impl Default for ReplayConfig {
             compute_us_per_token: 60.0,
             chunk: 2048,
             modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
+            sabotage: false,
         }
     }
 }
@@ -397,7 +401,9 @@ fn rank_step(
     chunk: &Scheduled,
     repeat: usize,
     save: bool,
+    sabotage: bool,
 ) -> Result<StepOut> {
+    let mut sabotage = sabotage;
     let mut out = StepOut::default();
     rk.worker.start_load_kv(Arc::clone(meta))?;
     let mut layers: Vec<u32> = rk.regions.keys().copied().collect();
@@ -426,7 +432,10 @@ fn rank_step(
         if layer == u.first_layer() {
             if let Some((p, have)) = r.load {
                 let mut check = |i: usize, p: u64, at: usize| -> Result<()> {
-                    let got = rw(&ctx.dev, &mem, at, None, stride)?;
+                    let mut got = rw(&ctx.dev, &mem, at, None, stride)?;
+                    if std::mem::take(&mut sabotage) {
+                        got[0] ^= 1;
+                    }
                     out.loaded_bytes += stride as u64;
                     out.loaded_full_bytes +=
                         crate::coordinator::adapter::stores::shard_bytes(&ctx.full, &g) as u64;
@@ -624,6 +633,7 @@ fn run_mode(
     let repeat = if cfg.spec_decode { 2 } else { 1 };
     let mut faults = Faults::new(cfg, &dir, &ctx.spec);
     let (mut sum_l, mut sum_p, mut reusable_total) = (0u64, 0u64, 0u64);
+    let mut sabotaged = false;
     let mut load_time = Duration::ZERO;
     let started = Instant::now();
     for (k, (w, &re)) in reqs.iter().zip(reuse).enumerate() {
@@ -680,7 +690,8 @@ fn run_mode(
                             let save = !(kill && rk.rank == cfg.tp - 1);
                             let meta = &meta;
                             let chunk = &chunk;
-                            s.spawn(move || rank_step(ctx, rk, meta, chunk, repeat, save))
+                            let sabotage = cfg.sabotage && rk.rank == 0 && !sabotaged;
+                            s.spawn(move || rank_step(ctx, rk, meta, chunk, repeat, save, sabotage))
                         })
                         .collect();
                     hs.into_iter()
@@ -693,6 +704,7 @@ fn run_mode(
                 });
                 let mut step_wait = Duration::ZERO;
                 let (mut scaled_b, mut full_b) = (0u64, 0u64);
+                sabotaged |= cfg.sabotage && meta.requests[0].load.is_some();
                 for o in outs {
                     let o = o?;
                     step_wait = step_wait.max(o.load_wait);
@@ -701,7 +713,7 @@ fn run_mode(
                     rep.bytes_loaded += o.loaded_bytes;
                     rep.bytes_saved += o.saved_bytes;
                     for wmsg in &o.wrong {
-                        eprintln!("{wmsg}");
+                        eprintln!("\n{wmsg}");
                     }
                     rep.wrong_hits += o.wrong.len() as u64;
                     if !o.load_errors.is_empty() {

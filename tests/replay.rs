@@ -85,3 +85,30 @@ fn bad_replay_options_are_errors() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// The oracle can fail: one corrupted loaded byte is reported as a wrong
+/// hit, with its request, group, layer and block, and the run fails.
+#[test]
+fn a_corrupted_load_is_reported_as_a_wrong_hit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ucm()
+        .args([
+            "replay",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+            "--modes",
+            "ucm",
+            "--sabotage",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("wrong hit: request ucm-"), "{err}");
+    assert!(err.contains("layer") && err.contains("block"), "{err}");
+    assert!(err.contains("1 wrong hits"), "{err}");
+}
