@@ -45,8 +45,8 @@ use crate::coordinator::hash::{checkpoint_hash, seeded_tokens, Id};
 use crate::coordinator::{
     CheckpointDirectory, CoordError, Deployment, Kind, RankRule, RequestKeys, SpecTable,
 };
-use crate::device::conformance::pattern;
-use crate::device::{CopyRun, Device, HostDevice, Memory};
+use crate::device::conformance::{download, pattern, upload};
+use crate::device::{Device, HostDevice, Memory};
 
 /// The workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -352,32 +352,6 @@ fn oracle(ctx: &Ctx, r: &ReqMeta, layer: u32, rank: u32, i: usize, p: u64, len: 
     pattern(seed, len)
 }
 
-fn rw(
-    dev: &HostDevice,
-    mem: &Memory,
-    at: usize,
-    bytes: Option<&[u8]>,
-    len: usize,
-) -> Result<Vec<u8>> {
-    let h = dev.alloc_pinned(len)?;
-    let st = dev.create_stream()?;
-    match bytes {
-        Some(b) => {
-            h.write_host(0, b)?;
-            dev.copy_async(&st, &CopyRun::new(mem, at, &h, 0, len))?;
-            dev.synchronize_stream(&st)?;
-            Ok(Vec::new())
-        }
-        None => {
-            dev.copy_async(&st, &CopyRun::new(&h, 0, mem, at, len))?;
-            dev.synchronize_stream(&st)?;
-            let mut v = vec![0u8; len];
-            h.read_host(0, &mut v)?;
-            Ok(v)
-        }
-    }
-}
-
 /// What one rank saw in one step.
 #[derive(Default)]
 struct StepOut {
@@ -432,7 +406,7 @@ fn rank_step(
         if layer == u.first_layer() {
             if let Some((p, have)) = r.load {
                 let mut check = |i: usize, p: u64, at: usize| -> Result<()> {
-                    let mut got = rw(&ctx.dev, &mem, at, None, stride)?;
+                    let mut got = download(ctx.dev.as_ref(), &mem, at, stride)?;
                     if std::mem::take(&mut sabotage) {
                         got[0] ^= 1;
                     }
@@ -482,13 +456,13 @@ fn rank_step(
                 Kind::Snapshot => {
                     let slot = r.alloc.state_slots[&u.group] as usize;
                     let bytes = oracle(ctx, r, layer, rk.rank, 0, chunk.end, stride);
-                    rw(&ctx.dev, &mem, slot * stride, Some(&bytes), stride)?;
+                    upload(ctx.dev.as_ref(), &mem, slot * stride, &bytes)?;
                 }
                 Kind::Chain | Kind::Sidecar => {
                     for i in (chunk.start / b) as usize..(chunk.end / b) as usize {
                         let eb = r.alloc.blocks[&u.group][i] as usize;
                         let bytes = oracle(ctx, r, layer, rk.rank, i, 0, stride);
-                        rw(&ctx.dev, &mem, eb * stride, Some(&bytes), stride)?;
+                        upload(ctx.dev.as_ref(), &mem, eb * stride, &bytes)?;
                     }
                 }
                 Kind::None => {}

@@ -20,8 +20,8 @@ use ucm_coordinator::adapter::{
 };
 use ucm_coordinator::hash::{checkpoint_hash, Id};
 use ucm_coordinator::{CheckpointDirectory, Deployment, Kind, RankRule, RequestKeys, SpecTable};
-use ucm_device::conformance::pattern;
-use ucm_device::{CopyRun, Device, HostDevice, Memory};
+use ucm_device::conformance::{download, pattern, upload};
+use ucm_device::{Device, HostDevice, Memory};
 
 const SPEC: &str = r#"
 model = "adapter-test"
@@ -150,25 +150,11 @@ impl Engine {
     }
 
     fn write(&self, mem: &Memory, at: usize, bytes: &[u8]) {
-        let h = self.dev.alloc_pinned(bytes.len()).unwrap();
-        h.write_host(0, bytes).unwrap();
-        let st = self.dev.create_stream().unwrap();
-        self.dev
-            .copy_async(&st, &CopyRun::new(mem, at, &h, 0, bytes.len()))
-            .unwrap();
-        self.dev.synchronize_stream(&st).unwrap();
+        upload(self.dev.as_ref(), mem, at, bytes).unwrap();
     }
 
     fn read(&self, mem: &Memory, at: usize, len: usize) -> Vec<u8> {
-        let h = self.dev.alloc_pinned(len).unwrap();
-        let st = self.dev.create_stream().unwrap();
-        self.dev
-            .copy_async(&st, &CopyRun::new(&h, 0, mem, at, len))
-            .unwrap();
-        self.dev.synchronize_stream(&st).unwrap();
-        let mut v = vec![0u8; len];
-        h.read_host(0, &mut v).unwrap();
-        v
+        download(self.dev.as_ref(), mem, at, len).unwrap()
     }
 
     fn rank_of(&self, group: usize) -> u32 {

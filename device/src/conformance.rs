@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crate::accel::{CopyRun, Device, MemKind};
+use crate::accel::{CopyRun, Device, MemKind, Memory};
 use crate::error::{DeviceError, Result};
 
 fn fail(msg: impl Into<String>) -> DeviceError {
@@ -32,6 +32,27 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+/// Copies `bytes` from the host into `mem` at `at` (through pinned memory
+/// and a stream), and waits.
+pub fn upload<D: Device>(dev: &D, mem: &Memory, at: usize, bytes: &[u8]) -> Result<()> {
+    let h = dev.alloc_pinned(bytes.len())?;
+    h.write_host(0, bytes)?;
+    let st = dev.create_stream()?;
+    dev.copy_async(&st, &CopyRun::new(mem, at, &h, 0, bytes.len()))?;
+    dev.synchronize_stream(&st)
+}
+
+/// Copies `len` bytes of `mem` at `at` back to the host.
+pub fn download<D: Device>(dev: &D, mem: &Memory, at: usize, len: usize) -> Result<Vec<u8>> {
+    let h = dev.alloc_pinned(len)?;
+    let st = dev.create_stream()?;
+    dev.copy_async(&st, &CopyRun::new(&h, 0, mem, at, len))?;
+    dev.synchronize_stream(&st)?;
+    let mut v = vec![0u8; len];
+    h.read_host(0, &mut v)?;
+    Ok(v)
 }
 
 /// Runs every check in order.

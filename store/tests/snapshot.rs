@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ucm_device::conformance::pattern;
-use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
+use ucm_device::{Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
 use ucm_store::pool::PoolMode;
 use ucm_store::{
     BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry, ItemOutcome,
@@ -51,12 +51,7 @@ fn key(p: u64) -> SnapshotKey {
 
 /// Copies `host` bytes into device region `d` at `at`.
 fn upload(dev: &HostDevice, d: &Memory, at: usize, bytes: &[u8]) {
-    let h = dev.alloc_pinned(bytes.len()).unwrap();
-    h.write_host(0, bytes).unwrap();
-    let st = dev.create_stream().unwrap();
-    dev.copy_async(&st, &CopyRun::new(d, at, &h, 0, bytes.len()))
-        .unwrap();
-    dev.synchronize_stream(&st).unwrap();
+    ucm_device::conformance::upload(dev, d, at, bytes).unwrap();
 }
 
 /// A device state buffer of all layers, layer `s` holding
@@ -89,17 +84,7 @@ fn items(m: &Memory) -> Vec<StateItem> {
 }
 
 fn layer(dev: &HostDevice, m: &Memory, s: usize) -> Vec<u8> {
-    let h = dev.alloc_pinned(GEO.shard_bytes).unwrap();
-    let st = dev.create_stream().unwrap();
-    dev.copy_async(
-        &st,
-        &CopyRun::new(&h, 0, m, s * GEO.shard_bytes, GEO.shard_bytes),
-    )
-    .unwrap();
-    dev.synchronize_stream(&st).unwrap();
-    let mut v = vec![0u8; GEO.shard_bytes];
-    h.read_host(0, &mut v).unwrap();
-    v
+    ucm_device::conformance::download(dev, m, s * GEO.shard_bytes, GEO.shard_bytes).unwrap()
 }
 
 fn all_ok(v: &[(ucm_store::BlockId, u32, ItemOutcome)]) -> bool {
