@@ -28,7 +28,7 @@ use crate::coordinator::{
     resolve_hit, CheckpointDirectory, CoordError, Deployment, Group, Kind, RequestHashes,
     RequestKeys, SpecTable,
 };
-use crate::device::{CopyRun, Device, HostDevice, Memory};
+use crate::device::{Device, HostDevice, Memory};
 use crate::store::{
     BlockStore, Durability, Geometry, SnapshotKey, SnapshotStore, StateItem, StoreError, TaskItem,
 };
@@ -259,12 +259,13 @@ fn put(
 /// A device buffer of one block or checkpoint, filled deterministically.
 fn buffer(dev: &HostDevice, geo: Geometry, seed: u64) -> Result<Memory> {
     let len = geo.shard_bytes * geo.shards_per_block as usize;
-    let host = dev.alloc_pinned(len)?;
-    host.write_host(0, &crate::device::conformance::pattern(seed, len))?;
     let mem = dev.alloc_device(len)?;
-    let st = dev.create_stream()?;
-    dev.copy_async(&st, &CopyRun::new(&mem, 0, &host, 0, len))?;
-    dev.synchronize_stream(&st)?;
+    crate::device::conformance::upload(
+        dev,
+        &mem,
+        0,
+        &crate::device::conformance::pattern(seed, len),
+    )?;
     Ok(mem)
 }
 
