@@ -146,11 +146,6 @@ impl Scenario {
     }
 }
 
-/// The deterministic tokens of a scenario.
-pub fn scenario_tokens(seed: u64, n: usize) -> Vec<u32> {
-    crate::coordinator::hash::seeded_tokens(seed, n)
-}
-
 /// The answer: `{"l", "p_star", "groups": {name: {"vote", "reason"}}}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Explanation {
@@ -295,7 +290,7 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
     };
     let n = usize::try_from(sc.tokens)
         .map_err(|_| ExplainError::Scenario(format!("{} tokens is too many", sc.tokens)))?;
-    let tokens = scenario_tokens(sc.seed, n);
+    let tokens = crate::coordinator::hash::seeded_tokens(sc.seed, n);
     let keys = RequestKeys {
         cache_salt: sc.cache_salt.clone(),
         extra_keys: Vec::new(),

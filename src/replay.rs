@@ -614,7 +614,7 @@ fn run_mode(
         let id = format!("{}-s{}-t{}-{k}", mode.name(), w.session, w.turn);
         let n = w.tokens.len() as u64;
         rep.prompt_tokens += n;
-        let fault = faults.before(k, &stores)?;
+        let fault = faults.before(k)?;
         let retries_before = stores.write_retries();
         let req = EngineRequest {
             id: id.clone(),
@@ -836,7 +836,7 @@ impl Faults {
     }
 
     /// Maybe injects a fault for request `k`.
-    fn before(&mut self, k: usize, _stores: &StoreSet<HostDevice>) -> Result<Fault> {
+    fn before(&mut self, k: usize) -> Result<Fault> {
         let x = mix(self.seed, 9, k as u64, 0);
         if self.rate <= 0.0 || (x % 1_000_000) as f64 / 1e6 >= self.rate || self.groups.is_empty() {
             return Ok(Fault::default());

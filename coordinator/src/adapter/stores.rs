@@ -55,15 +55,7 @@ impl Default for StoreSetConfig {
 /// Bytes of one shard of `group` (one access unit of one block or one
 /// checkpoint), padded to the O_DIRECT alignment; 0 for `none` groups.
 pub fn shard_bytes(spec: &SpecTable, group: &Group) -> usize {
-    let per_layer = match group.kind {
-        Kind::Chain => group.unit_bytes * group.block,
-        Kind::Sidecar => {
-            let src = group.source.map(|s| spec.groups()[s].block).unwrap_or(0);
-            group.unit_bytes * src
-        }
-        Kind::Snapshot => group.unit_bytes,
-        Kind::None => 0,
-    };
+    let per_layer = group.bytes_per_layer_block(super::scheduler::block_of(spec, group.index));
     let layers = match group.access_unit {
         AccessUnit::Row => group.layers.len() as u64,
         _ => 1,

@@ -730,11 +730,18 @@ impl<D: Device> Worker<D> {
     /// failures not yet seen, registers completed checkpoints, and keeps
     /// the saves' durability for [`Worker::get_finished`].
     pub fn wait_for_save(&mut self) -> Result<()> {
+        // Settle every load first (including those only a stream waited for).
+        let globals: Vec<u32> = match &self.step {
+            Some(step) => step.loads.keys().copied().collect(),
+            None => return Ok(()),
+        };
+        for g in globals {
+            self.settle_unit(g, None);
+        }
         let Some(step) = self.step.take() else {
             return Ok(());
         };
-        let globals: Vec<u32> = step.loads.keys().copied().collect();
-        let meta = Arc::clone(&step.meta);
+        let meta = step.meta;
         let saves = step.saves;
         let loads_by_req: HashSet<String> = step
             .loads
@@ -742,19 +749,6 @@ impl<D: Device> Worker<D> {
             .flatten()
             .map(|l| meta.requests[l.req].id.clone())
             .collect();
-        // Settle every load (including those only a stream waited for).
-        self.step = Some(Step {
-            meta: Arc::clone(&meta),
-            next: step.next,
-            loads: step.loads,
-            waited: step.waited,
-            saved: step.saved,
-            saves: Vec::new(),
-        });
-        for g in globals {
-            self.settle_unit(g, None);
-        }
-        self.step = None;
         self.loaded.extend(loads_by_req);
         // Per state put: (group, position, hash, all parts ok).
         let mut states: HashMap<(usize, u64, Id), bool> = HashMap::new();
