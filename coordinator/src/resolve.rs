@@ -102,6 +102,30 @@ pub fn resolve_hit(
     presence: &dyn Presence,
     checkpoints: &dyn Checkpoints,
 ) -> Result<Resolution> {
+    resolve(spec, tokens, hashes, presence, checkpoints, true)
+}
+
+/// As [`resolve_hit`], without the per-group votes (`groups` is empty):
+/// the scheduler's hot path needs only `(l, p*)`, and a snapshot group's
+/// vote may cost one md5 per grid position below `l`.
+pub fn resolve_positions(
+    spec: &SpecTable,
+    tokens: &[u32],
+    hashes: &RequestHashes,
+    presence: &dyn Presence,
+    checkpoints: &dyn Checkpoints,
+) -> Result<Resolution> {
+    resolve(spec, tokens, hashes, presence, checkpoints, false)
+}
+
+fn resolve(
+    spec: &SpecTable,
+    tokens: &[u32],
+    hashes: &RequestHashes,
+    presence: &dyn Presence,
+    checkpoints: &dyn Checkpoints,
+    votes: bool,
+) -> Result<Resolution> {
     let n = tokens.len() as u64;
     if n == 0 {
         return Err(CoordError::BadRequest("empty prompt".into()));
@@ -190,7 +214,7 @@ pub fn resolve_hit(
     }
     // Votes, for explanation.
     let mut groups = Vec::new();
-    for g in spec.groups() {
+    for g in spec.groups().iter().filter(|_| votes) {
         let vote = match g.kind {
             Kind::Chain => {
                 let v = views

@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use common::MemPresence;
 use proptest::prelude::*;
 use ucm_coordinator::hash::checkpoint_hash;
+use ucm_coordinator::resolve::resolve_positions;
 use ucm_coordinator::{
     resolve_hit, CheckpointDirectory, Deployment, Kind, RequestHashes, RequestKeys, SpecTable,
 };
@@ -236,6 +237,20 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         }
     }
     let got = resolve_hit(&spec, &toks, &h, &pres, &dir);
+    // The scheduler's vote-less path decides exactly the same.
+    match (&got, resolve_positions(&spec, &toks, &h, &pres, &dir)) {
+        (Ok(a), Ok(b)) => {
+            prop_assert_eq!((a.l, a.p_star), (b.l, b.p_star));
+            prop_assert!(b.groups.is_empty());
+        }
+        (Err(_), Err(_)) => {}
+        (a, b) => prop_assert!(
+            false,
+            "resolve_hit {:?} vs resolve_positions {:?}",
+            a.is_ok(),
+            b.is_ok()
+        ),
+    }
     let want = oracle(c, &spec);
     match (got, want) {
         (Ok(r), Some((l, p))) => {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::directory::CheckpointDirectory;
 use crate::error::{CoordError, Result};
 use crate::hash::{Deployment, RequestHashes, RequestKeys};
-use crate::resolve::{resolve_hit, Presence};
+use crate::resolve::{resolve_positions, Presence};
 use crate::retention::{plan, RecurrenceTracker};
 use crate::spec::{Kind, SpecTable};
 
@@ -157,7 +157,7 @@ impl<P: Presence> Scheduler<P> {
         };
         let n = req.tokens.len();
         let visible = &req.tokens[..n.saturating_sub(1)];
-        let (l, p_star) = match resolve_hit(
+        let (l, p_star) = match resolve_positions(
             &self.spec,
             visible,
             &hashes,
