@@ -396,6 +396,9 @@ impl<D: Device> Worker<D> {
         }
     }
 
+    /// Starts `r`'s load of unit `u` (`None`: nothing to load). A load
+    /// that cannot even be submitted is kept as a failed one, so that it is
+    /// reported like any other failed load, never silently skipped.
     fn start_unit_load(
         &self,
         u: &Unit,
@@ -405,60 +408,67 @@ impl<D: Device> Worker<D> {
         have: u64,
     ) -> Option<UnitLoad> {
         let g = &self.spec.groups()[u.group];
-        let reg = match self.reg(u) {
-            Ok(reg) => reg,
-            Err(e) => {
-                return Some(UnitLoad {
-                    req: ri,
-                    what: What::Blocks {
-                        group: u.group,
-                        engine_blocks: Vec::new(),
-                    },
-                    task: Err(e.to_string()),
-                    settled: false,
-                })
-            }
-        };
-        match g.kind {
+        let reg = self.reg(u).map_err(|e| e.to_string());
+        let no_store = || format!("group `{}` has no store", g.name);
+        let (what, task) = match g.kind {
             Kind::Chain | Kind::Sidecar => {
                 let range = self.load_range(u.group, p, have);
                 if range.is_empty() {
                     return None;
                 }
-                let (items, engine_blocks) = self.block_items(u, r, range, reg);
-                let store = self.stores.blocks(u.group)?;
-                self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
-                Some(UnitLoad {
-                    req: ri,
-                    what: What::Blocks {
-                        group: u.group,
-                        engine_blocks,
-                    },
-                    task: store.load(items).map_err(|e| e.to_string()),
-                    settled: false,
-                })
+                match (reg, self.stores.blocks(u.group)) {
+                    (Ok(reg), Some(store)) => {
+                        let (items, engine_blocks) = self.block_items(u, r, range, reg);
+                        self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
+                        let what = What::Blocks {
+                            group: u.group,
+                            engine_blocks,
+                        };
+                        (what, store.load(items).map_err(|e| e.to_string()))
+                    }
+                    (reg, _) => {
+                        let table = r
+                            .alloc
+                            .blocks
+                            .get(&u.group)
+                            .map(Vec::as_slice)
+                            .unwrap_or(&[]);
+                        let what = What::Blocks {
+                            group: u.group,
+                            engine_blocks: range.filter_map(|i| table.get(i).copied()).collect(),
+                        };
+                        (what, Err(reg.err().unwrap_or_else(no_store)))
+                    }
+                }
             }
             Kind::Snapshot => {
                 if p == 0 {
                     return None;
                 }
-                let (key, item) = self.state_item(u, r, p, reg).ok()?;
-                let hash = key.hash;
-                let store = self.stores.snapshots(u.group)?;
-                self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
-                Some(UnitLoad {
-                    req: ri,
-                    what: What::State {
-                        group: u.group,
-                        position: p,
-                        hash,
-                    },
-                    task: store.get(&key, vec![item]).map_err(|e| e.to_string()),
-                    settled: false,
-                })
+                let keyed =
+                    reg.and_then(|reg| self.state_item(u, r, p, reg).map_err(|e| e.to_string()));
+                let store = self.stores.snapshots(u.group).ok_or_else(no_store);
+                let hash = keyed.as_ref().map_or([0; 16], |(k, _)| k.hash);
+                let what = What::State {
+                    group: u.group,
+                    position: p,
+                    hash,
+                };
+                let task = keyed.and_then(|(key, item)| {
+                    let store = store?;
+                    self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
+                    store.get(&key, vec![item]).map_err(|e| e.to_string())
+                });
+                (what, task)
             }
-            Kind::None => None,
-        }
+            Kind::None => return None,
+        };
+        Some(UnitLoad {
+            req: ri,
+            what,
+            task,
+            settled: false,
+        })
     }
 
     fn stage_index(&self, layer: u32) -> Result<Option<(usize, Unit)>> {
