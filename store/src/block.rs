@@ -27,6 +27,7 @@ use ucm_device::{CopyRun, Device, IoBuf, Memory};
 
 use crate::disk::{DiskTier, ReadSession};
 use crate::error::{Result, StoreError};
+use crate::failure::{Failure, FailureKind};
 use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
 
@@ -59,8 +60,8 @@ pub enum ItemOutcome {
     Ok,
     /// Not found in any tier: a miss (load only).
     Miss,
-    /// Failed; the text says why.
-    Failed(String),
+    /// Failed; the failure says why.
+    Failed(Failure),
 }
 
 /// Durability of one block of a dump task.
@@ -71,7 +72,7 @@ pub enum Durability {
     /// Not all shards of the block have been dumped yet.
     Incomplete,
     /// The disk write failed after its retries.
-    Failed(String),
+    Failed(Failure),
 }
 
 /// Progress of a task, which the store may have split into parts (by
@@ -227,7 +228,7 @@ pub struct DumpFailure {
     /// The block.
     pub block: BlockId,
     /// What failed.
-    pub error: String,
+    pub error: Failure,
 }
 
 /// Counters.
@@ -452,6 +453,12 @@ impl<D: Device> TieredBlockStore<D> {
         &self.inner.disk
     }
 
+    /// Whether one shard of `block` is held by a tier: in the pool, or on
+    /// disk as part of its whole block file. Presence only (no read).
+    pub fn holds(&self, block: &BlockId, shard: u32) -> bool {
+        self.inner.pool.contains(&(*block, shard)) || self.inner.disk.exists(block)
+    }
+
     /// The memory tier.
     pub fn pool(&self) -> &ClockPool {
         &self.inner.pool
@@ -647,9 +654,9 @@ impl<D: Device> Inner<D> {
         self.dev.synchronize_stream(stream)
     }
 
-    fn fail_item(&self, why: impl Into<String>) -> ItemOutcome {
+    fn fail_item(&self, why: Failure) -> ItemOutcome {
         self.stats.failed_items.fetch_add(1, Ordering::Relaxed);
-        ItemOutcome::Failed(why.into())
+        ItemOutcome::Failed(why)
     }
 
     /// Items ordered by shard, shards in this rank's rotation.
@@ -696,11 +703,18 @@ impl<D: Device> Inner<D> {
                             self.stats.misses.fetch_add(1, Ordering::Relaxed);
                             ItemOutcome::Miss
                         } else {
-                            self.fail_item(format!("load by another rank failed (errno {code})"))
+                            self.fail_item(Failure {
+                                kind: FailureKind::OtherRank,
+                                errno: Some(code),
+                                detail: format!("load by another rank failed (errno {code})"),
+                            })
                         }
                     }
-                    Ok(None) => self.fail_item("pool bucket full of pinned slots"),
-                    Err(e) => self.fail_item(e.to_string()),
+                    Ok(None) => self.fail_item(Failure::new(
+                        FailureKind::PoolFull,
+                        "pool bucket full of pinned slots",
+                    )),
+                    Err(e) => self.fail_item(Failure::from_store(&e, "pool")),
                 };
                 outcomes.push((it.block, outcome));
             }
@@ -736,7 +750,7 @@ impl<D: Device> Inner<D> {
                     }
                     Err(e) => {
                         g.fail(libc::EIO);
-                        self.fail_item(format!("disk read: {e}"))
+                        self.fail_item(Failure::from_store(&e, "disk read"))
                     }
                 };
             }
@@ -756,7 +770,7 @@ impl<D: Device> Inner<D> {
             drop(pins);
             if let Err(e) = copied {
                 for &(i, _) in &runs {
-                    outcomes[i].1 = self.fail_item(format!("H2D copy: {e}"));
+                    outcomes[i].1 = self.fail_item(Failure::from_device(&e, "H2D copy"));
                 }
             }
             t.shard(shard, outcomes);
@@ -774,7 +788,7 @@ impl<D: Device> Inner<D> {
         let shard_bytes = self.geo.shard_bytes;
         if let Some(ev) = after {
             if let Err(e) = self.dev.stream_wait_event(stream, ev) {
-                let why = format!("waiting for the prerequisite event: {e}");
+                let why = Failure::from_device(&e, "waiting for the prerequisite event");
                 let mut blocks: Vec<BlockId> = Vec::new();
                 for (shard, group) in self.by_shard(items) {
                     let outcomes = group
@@ -822,15 +836,20 @@ impl<D: Device> Inner<D> {
                         // A failed load of this key: claim afresh.
                         Ok(Some(Acquire::Failed(_))) => continue,
                         Ok(None) => {
-                            outcome = Some(self.fail_item("pool bucket full of pinned slots"))
+                            outcome = Some(self.fail_item(Failure::new(
+                                FailureKind::PoolFull,
+                                "pool bucket full of pinned slots",
+                            )))
                         }
-                        Err(e) => outcome = Some(self.fail_item(e.to_string())),
+                        Err(e) => outcome = Some(self.fail_item(Failure::from_store(&e, "pool"))),
                     }
                     break;
                 }
                 outcomes.push((
                     it.block,
-                    outcome.unwrap_or_else(|| self.fail_item("slot kept failing")),
+                    outcome.unwrap_or_else(|| {
+                        self.fail_item(Failure::new(FailureKind::PoolFull, "slot kept failing"))
+                    }),
                 ));
             }
             let copy: Vec<CopyRun<'_>> = guards
@@ -856,7 +875,7 @@ impl<D: Device> Inner<D> {
                     }
                     Err(e) => {
                         g.fail(libc::EIO);
-                        outcomes[i].1 = self.fail_item(format!("D2H copy: {e}"));
+                        outcomes[i].1 = self.fail_item(Failure::from_device(e, "D2H copy"));
                     }
                 }
             }
@@ -923,7 +942,7 @@ impl<D: Device> Inner<D> {
                         result.insert(b, Durability::Durable);
                     }
                     Some(Err(e)) if attempt + 1 == self.cfg.write_attempts => {
-                        self.give_up(&b, &pins, e.to_string(), &mut result);
+                        self.give_up(&b, &pins, Failure::from_store(e, "disk write"), &mut result);
                     }
                     _ => again.push((b, pins)),
                 }
@@ -940,7 +959,7 @@ impl<D: Device> Inner<D> {
         &self,
         b: &BlockId,
         pins: &[SlotRef<'_>],
-        why: String,
+        why: Failure,
         result: &mut HashMap<BlockId, Durability>,
     ) {
         self.stats.write_failures.fetch_add(1, Ordering::Relaxed);

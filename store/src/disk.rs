@@ -661,6 +661,22 @@ impl DiskTier {
             .collect()
     }
 
+    /// Deletes every block file (an eviction storm: another machine's GC,
+    /// an operator clearing the tier). Returns how many files it removed;
+    /// a file already gone is not counted. Readers then miss, never read a
+    /// partial block.
+    pub fn evict_all(&self) -> u64 {
+        let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut deleted = 0;
+        for (_, p) in self.gather() {
+            if fs::remove_file(&p).is_ok() {
+                deleted += 1;
+            }
+        }
+        self.stats.gc_deleted.fetch_add(deleted, Ordering::Relaxed);
+        deleted
+    }
+
     /// One GC pass: when more than the high watermark of blocks exist,
     /// deletes the oldest (by mtime) until the low watermark remains.
     pub fn gc(&self) -> GcReport {

@@ -20,6 +20,7 @@
 pub mod block;
 pub mod disk;
 pub mod error;
+pub mod failure;
 pub mod geometry;
 pub mod pool;
 mod slot;
@@ -36,6 +37,7 @@ pub use block::{
 };
 pub use disk::{DiskConfig, DiskTier, GcReport, ReadSession};
 pub use error::{Result, StoreError};
+pub use failure::{Failure, FailureKind};
 pub use geometry::{BlockId, Geometry};
 pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};
 pub use snapshot::{SnapshotKey, SnapshotStore, StateItem, TieredSnapshotStore};

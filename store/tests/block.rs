@@ -314,7 +314,12 @@ fn injected_faults_end_as_the_design_says() {
         match &t.wait_durable()[..] {
             [(b, Durability::Failed(why))] => {
                 assert_eq!(*b, id(1));
-                assert!(why.contains("Input/output error"), "{why}");
+                assert_eq!(
+                    (why.kind, why.errno),
+                    (ucm_store::FailureKind::Io, Some(libc::EIO)),
+                    "{why}"
+                );
+                assert!(why.detail.contains("Input/output error"), "{why}");
             }
             other => panic!("{other:?}"),
         }

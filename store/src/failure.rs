@@ -1,0 +1,149 @@
+//! Why one item of a task failed, as a typed value that survives all the
+//! way to the engine (through `ItemOutcome`, `Durability`, the adapter's
+//! `LoadError` and its finished-save report): an I/O error keeps its errno
+//! kind, the store keeps its reason. The text is for people; code matches
+//! on [`FailureKind`] and [`Failure::errno`].
+
+use std::fmt;
+
+use ucm_device::DeviceError;
+
+use crate::error::StoreError;
+
+/// The reason class of a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// An I/O error other than the ones below (EIO and alike).
+    Io,
+    /// The file system is full (ENOSPC, EDQUOT).
+    NoSpace,
+    /// The store may not touch the file (EACCES, EPERM, EROFS).
+    Permission,
+    /// The bytes on the tier failed their checksum or header check.
+    Corrupt,
+    /// Every pool slot the key may use is pinned or loading.
+    PoolFull,
+    /// The store's task queue had no room; nothing was submitted.
+    QueueFull,
+    /// A device copy, stream or event failed.
+    Device,
+    /// Another rank's load of the same shard failed.
+    OtherRank,
+    /// The store refused the task (geometry, bounds, a key of another
+    /// group): a caller bug, never a transient fault.
+    Rejected,
+    /// The caller could not even build the task (no store for the group,
+    /// an unregistered layer, a missing state slot).
+    NotSubmitted,
+}
+
+impl FailureKind {
+    /// The kind of an errno.
+    pub fn of_errno(errno: i32) -> FailureKind {
+        match errno {
+            libc::ENOSPC | libc::EDQUOT => FailureKind::NoSpace,
+            libc::EACCES | libc::EPERM | libc::EROFS => FailureKind::Permission,
+            _ => FailureKind::Io,
+        }
+    }
+}
+
+/// One failure: its kind, the errno behind it (when there is one) and a
+/// short description.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Failure {
+    /// The reason class.
+    pub kind: FailureKind,
+    /// The errno, for I/O failures.
+    pub errno: Option<i32>,
+    /// What was being done, in words.
+    pub detail: String,
+}
+
+impl Failure {
+    /// A failure of `kind` without an errno.
+    pub fn new(kind: FailureKind, detail: impl Into<String>) -> Failure {
+        Failure {
+            kind,
+            errno: None,
+            detail: detail.into(),
+        }
+    }
+
+    /// A failure from an errno (its kind follows the errno).
+    pub fn errno(errno: i32, detail: impl Into<String>) -> Failure {
+        Failure {
+            kind: FailureKind::of_errno(errno),
+            errno: Some(errno),
+            detail: detail.into(),
+        }
+    }
+
+    /// A failure from a store error, with `what` saying what was being done.
+    pub fn from_store(e: &StoreError, what: &str) -> Failure {
+        let detail = format!("{what}: {e}");
+        match e {
+            StoreError::Device(d) => Failure::from_device(d, what),
+            StoreError::Fs { source, .. } => match source.raw_os_error() {
+                Some(errno) => Failure::errno(errno, detail),
+                None => Failure::new(FailureKind::Io, detail),
+            },
+            StoreError::QueueFull => Failure::new(FailureKind::QueueFull, detail),
+            StoreError::PoolFull => Failure::new(FailureKind::PoolFull, detail),
+            StoreError::Config(_)
+            | StoreError::GeometryMismatch { .. }
+            | StoreError::WrongGroup { .. }
+            | StoreError::ShardOutOfRange { .. } => Failure::new(FailureKind::Rejected, detail),
+        }
+    }
+
+    /// A failure from a HAL error.
+    pub fn from_device(e: &DeviceError, what: &str) -> Failure {
+        let detail = format!("{what}: {e}");
+        match e.raw_os_error() {
+            Some(errno) => Failure::errno(errno, detail),
+            None => match e {
+                DeviceError::Io { .. } | DeviceError::ShortWrite { .. } => {
+                    Failure::new(FailureKind::Io, detail)
+                }
+                DeviceError::ReadOnly { .. } => Failure::new(FailureKind::Permission, detail),
+                _ => Failure::new(FailureKind::Device, detail),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.errno {
+            Some(e) => write!(f, "{:?} (errno {e}): {}", self.kind, self.detail),
+            None => write!(f, "{:?}: {}", self.kind, self.detail),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_kinds_survive_conversion() {
+        let e = StoreError::Device(DeviceError::os("write", None, libc::ENOSPC));
+        let f = Failure::from_store(&e, "disk write");
+        assert_eq!(
+            (f.kind, f.errno),
+            (FailureKind::NoSpace, Some(libc::ENOSPC))
+        );
+        let e = StoreError::Device(DeviceError::os("open", None, libc::EACCES));
+        assert_eq!(Failure::from_store(&e, "x").kind, FailureKind::Permission);
+        let e = StoreError::Device(DeviceError::os("read", None, libc::EIO));
+        assert_eq!(Failure::from_store(&e, "x").kind, FailureKind::Io);
+        assert_eq!(
+            Failure::from_store(&StoreError::QueueFull, "x").kind,
+            FailureKind::QueueFull
+        );
+        assert!(Failure::errno(libc::EIO, "disk read")
+            .to_string()
+            .contains("errno 5"));
+    }
+}
