@@ -567,6 +567,49 @@ impl SpecTable {
         self.groups.iter().filter(|g| g.kind == Kind::Snapshot)
     }
 
+    /// Tokens per block of group `group`: a chain group's block size, a
+    /// sidecar's source's, a snapshot group's grid; 0 for `none` groups.
+    pub fn block_of(&self, group: usize) -> u64 {
+        let g = &self.groups[group];
+        match (g.kind, g.source) {
+            (Kind::Sidecar, Some(s)) => self.groups[s].block,
+            _ => g.block,
+        }
+    }
+
+    /// The attention window of a windowed chain group, or of a sidecar's
+    /// windowed source; `None` for every other group.
+    pub fn window_of(&self, group: usize) -> Option<u64> {
+        let g = &self.groups[group];
+        match (g.kind, g.source) {
+            (Kind::Sidecar, Some(s)) => self.groups[s].window,
+            (Kind::Chain, _) => g.window,
+            _ => None,
+        }
+    }
+
+    /// The rank whose ids and seed `rank` uses for `group`: 0 under
+    /// `all_union` (one copy for every rank), the rank itself under
+    /// `intersection`.
+    pub fn key_rank(&self, group: usize, rank: u32) -> usize {
+        match self.groups[group].rank_rule {
+            RankRule::AllUnion => 0,
+            RankRule::Intersection => rank as usize,
+        }
+    }
+
+    /// Layers of the model: `num_layers` when given, else one past the
+    /// highest layer of any group.
+    pub fn layer_count(&self) -> u32 {
+        self.num_layers.unwrap_or_else(|| {
+            self.groups
+                .iter()
+                .flat_map(|g| g.layers.last().copied())
+                .max()
+                .map_or(0, |m| m.saturating_add(1))
+        })
+    }
+
     /// LCM of the chain block sizes (1 without chain groups): the grid of `l`.
     pub fn chain_grid(&self) -> u64 {
         self.chain_groups().map(|g| g.block).fold(1, lcm)

@@ -27,4 +27,7 @@ pub mod worker;
 pub use scheduler::{Allocation, ConnectorMeta, EngineRequest, ReqMeta, Scheduled, Scheduler};
 pub use stores::{StoreSet, StoreSetConfig};
 pub use units::{Unit, UnitMap};
-pub use worker::{AdapterMetrics, Finished, LayerRegistration, LoadError, Worker, WorkerConfig};
+pub use worker::{
+    AdapterMetrics, Finished, LayerRegistration, LoadCause, LoadError, Sabotage, Worker,
+    WorkerConfig,
+};

@@ -157,17 +157,20 @@ impl<P: Presence> Scheduler<P> {
         };
         let n = req.tokens.len();
         let visible = &req.tokens[..n.saturating_sub(1)];
-        let (l, p_star) = match resolve_positions(
-            &self.spec,
-            visible,
-            &hashes,
-            self.presence.as_ref(),
-            self.directory.as_ref(),
-        ) {
-            Ok(r) => (r.l, r.p_star),
-            // Too short or empty: a miss, never a hit.
-            Err(CoordError::BadRequest(_)) => (0, 0),
-            Err(e) => return Err(e),
+        // A prompt too short for one block of the chain grid is a miss; any
+        // other refusal (hashes of another spec table, an unknown group) is
+        // a programming error and reaches the caller as one.
+        let (l, p_star) = if (visible.len() as u64) < self.spec.chain_grid().max(1) {
+            (0, 0)
+        } else {
+            let r = resolve_positions(
+                &self.spec,
+                visible,
+                &hashes,
+                self.presence.as_ref(),
+                self.directory.as_ref(),
+            )?;
+            (r.l, r.p_star)
         };
         if !self.reqs.contains_key(&req.id) {
             let mut plans = HashMap::new();
@@ -238,7 +241,7 @@ impl<P: Presence> Scheduler<P> {
         for g in spec.groups() {
             let need = match g.kind {
                 Kind::Chain | Kind::Sidecar => {
-                    st.req.tokens.len() / block_of(&spec, g.index).max(1) as usize
+                    st.req.tokens.len() / spec.block_of(g.index).max(1) as usize
                 }
                 _ => 0,
             };
@@ -262,7 +265,7 @@ impl<P: Presence> Scheduler<P> {
         // Blocks below p* are stored already; saving starts above them.
         for g in spec.groups() {
             if matches!(g.kind, Kind::Chain | Kind::Sidecar) {
-                let b = block_of(&spec, g.index).max(1);
+                let b = spec.block_of(g.index).max(1);
                 st.saved_to.insert(g.index, (st.p_star / b) as usize);
             }
         }
@@ -296,7 +299,7 @@ impl<P: Presence> Scheduler<P> {
                 if !matches!(g.kind, Kind::Chain | Kind::Sidecar) {
                     continue;
                 }
-                let b = block_of(&spec, g.index).max(1);
+                let b = spec.block_of(g.index).max(1);
                 let from = st.saved_to.get(&g.index).copied().unwrap_or(0);
                 let to = (c.end / b) as usize;
                 if to > from {
@@ -357,14 +360,5 @@ impl<P: Presence> Scheduler<P> {
                 "unknown request `{req_id}` (get_num_new_matched_tokens first)"
             ))
         })
-    }
-}
-
-/// Tokens per block of a chain group, or of a sidecar's source.
-pub fn block_of(spec: &SpecTable, group: usize) -> u64 {
-    let g = &spec.groups()[group];
-    match (g.kind, g.source) {
-        (Kind::Sidecar, Some(s)) => spec.groups()[s].block,
-        _ => g.block,
     }
 }

@@ -4,7 +4,7 @@
 //! under one directory (`<dir>/<group name>`).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ impl Default for StoreSetConfig {
 /// Bytes of one shard of `group` (one access unit of one block or one
 /// checkpoint), padded to the O_DIRECT alignment; 0 for `none` groups.
 pub fn shard_bytes(spec: &SpecTable, group: &Group) -> usize {
-    let per_layer = group.bytes_per_layer_block(super::scheduler::block_of(spec, group.index));
+    let per_layer = group.bytes_per_layer_block(spec.block_of(group.index));
     let layers = match group.access_unit {
         AccessUnit::Row => group.layers.len() as u64,
         _ => 1,
@@ -67,6 +67,7 @@ pub fn shard_bytes(spec: &SpecTable, group: &Group) -> usize {
 
 /// The stores of one model on device `D`.
 pub struct StoreSet<D: Device> {
+    dir: PathBuf,
     chain: HashMap<usize, TieredBlockStore<D>>,
     snap: HashMap<usize, TieredSnapshotStore<D>>,
     shard_bytes: HashMap<usize, usize>,
@@ -136,6 +137,7 @@ impl<D: Device> StoreSet<D> {
             }
         }
         Ok(StoreSet {
+            dir: dir.to_path_buf(),
             chain,
             snap,
             shard_bytes: sizes,
@@ -145,6 +147,20 @@ impl<D: Device> StoreSet<D> {
     /// The BlockStore of a chain or sidecar group.
     pub fn blocks(&self, group: usize) -> Option<&TieredBlockStore<D>> {
         self.chain.get(&group)
+    }
+
+    /// The directory the stores live under (`<dir>/<group name>`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The block store under any group's instance: a chain or sidecar
+    /// group's BlockStore, or the one under a snapshot group's
+    /// SnapshotStore (tiers, counters, eviction).
+    pub fn tier(&self, group: usize) -> Option<&TieredBlockStore<D>> {
+        self.chain
+            .get(&group)
+            .or_else(|| self.snap.get(&group).map(TieredSnapshotStore::blocks))
     }
 
     /// The SnapshotStore of a snapshot group.

@@ -33,17 +33,17 @@ use std::sync::Arc;
 
 use ucm_device::{Device, Memory};
 use ucm_store::{
-    BlockStore, Durability, ItemOutcome, SnapshotKey, SnapshotStore, StateItem, TaskHandle,
-    TaskItem,
+    BlockStore, Durability, Failure, FailureKind, ItemOutcome, SnapshotKey, SnapshotStore,
+    StateItem, TaskHandle, TaskItem,
 };
 
-use super::scheduler::{block_of, ConnectorMeta, ReqMeta};
+use super::scheduler::{ConnectorMeta, ReqMeta};
 use super::stores::StoreSet;
 use super::units::{Unit, UnitMap};
 use crate::directory::CheckpointDirectory;
 use crate::error::{CoordError, Result};
 use crate::hash::{checkpoint_hash, Id};
-use crate::spec::{Kind, RankRule, SpecTable};
+use crate::spec::{Kind, SpecTable};
 
 /// One layer's tensor in the engine, as `register_kv_caches` gives it.
 #[derive(Clone, Debug)]
@@ -68,6 +68,39 @@ pub struct WorkerConfig {
     pub stage: Range<u32>,
     /// Units loaded ahead of the one being waited for.
     pub lookahead: usize,
+    /// Test only: a deliberate bug, so that a test can prove the content
+    /// oracle catches it. `None` in every real deployment.
+    #[doc(hidden)]
+    pub sabotage: Option<Sabotage>,
+}
+
+/// Deliberate bugs of the worker, one per way a load or save can go wrong
+/// silently. Only the mutation tests set one: each must make the engine
+/// harness's oracle fail the run.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sabotage {
+    /// Every chain load task leaves out its first block, unreported.
+    SkipLoad,
+    /// Every chain load lands one engine block too far.
+    WrongEngineBlock,
+    /// A state is loaded from the deepest other checkpoint of the same
+    /// prefix that the directory holds, instead of from `p*`.
+    StateFromOtherPosition,
+    /// Blocks the previous request also loaded are skipped ("the engine
+    /// still holds them"), unreported.
+    StalePrefix,
+    /// The first block of every chain save is left out, unreported.
+    SkipSave,
+}
+
+/// Why a load item failed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LoadCause {
+    /// No tier held it (evicted or never stored since resolve).
+    Miss,
+    /// The store failed to bring it; the failure says why.
+    Failed(Failure),
 }
 
 /// A load item that failed: the engine recomputes this block.
@@ -77,8 +110,13 @@ pub struct LoadError {
     pub req: String,
     /// The group (spec index).
     pub group: usize,
-    /// The engine block.
+    /// The engine block (chain and sidecar groups) or the state slot
+    /// (snapshot groups: a state that failed to load; the request's first
+    /// block of every chain group is reported with it, since the whole
+    /// prefix must then be recomputed).
     pub engine_block: u32,
+    /// Why: a miss, or a typed failure.
+    pub cause: LoadCause,
 }
 
 /// What [`Worker::get_finished`] reports.
@@ -88,7 +126,7 @@ pub struct Finished {
     /// other ranks' or stages' shards).
     pub saved: Vec<String>,
     /// Requests with a failed save, and why (counted in the metrics too).
-    pub save_failed: Vec<(String, String)>,
+    pub save_failed: Vec<(String, Failure)>,
     /// Requests whose loads of this worker's units all completed.
     pub loaded: Vec<String>,
 }
@@ -126,17 +164,19 @@ enum What {
     },
 }
 
+type Submitted = std::result::Result<TaskHandle, Failure>;
+
 struct UnitLoad {
     req: usize,
     what: What,
-    task: std::result::Result<TaskHandle, String>,
+    task: Submitted,
     settled: bool,
 }
 
 struct Save {
     req: usize,
     what: What,
-    task: std::result::Result<TaskHandle, String>,
+    task: Submitted,
 }
 
 struct Step {
@@ -146,6 +186,15 @@ struct Step {
     waited: HashSet<u32>,
     saved: HashSet<u32>,
     saves: Vec<Save>,
+}
+
+/// A failure of the adapter itself to build a task (an unregistered
+/// layer, a missing slot), or the store's refusal of it, as a typed value.
+fn not_submitted(e: &CoordError) -> Failure {
+    match e {
+        CoordError::Store(se) => Failure::from_store(se, "submit"),
+        _ => Failure::new(FailureKind::NotSubmitted, e.to_string()),
+    }
 }
 
 /// The worker side, for one rank of one pipeline stage.
@@ -159,9 +208,11 @@ pub struct Worker<D: Device> {
     stage: Vec<Unit>,
     regs: HashMap<u32, LayerRegistration>,
     step: Option<Step>,
-    load_errors: HashSet<LoadError>,
+    load_errors: HashMap<(String, usize, u32), LoadCause>,
     durable: Vec<(String, TaskHandle)>,
-    failed: Vec<(String, String)>,
+    failed: Vec<(String, Failure)>,
+    /// Sabotage::StalePrefix only: the block ids the previous step loaded.
+    last_loaded: HashSet<(usize, Id, u32)>,
     loaded: Vec<String>,
     metrics: Arc<AdapterMetrics>,
 }
@@ -197,7 +248,8 @@ impl<D: Device> Worker<D> {
             stage,
             regs: HashMap::new(),
             step: None,
-            load_errors: HashSet::new(),
+            load_errors: HashMap::new(),
+            last_loaded: HashSet::new(),
             durable: Vec::new(),
             failed: Vec::new(),
             loaded: Vec::new(),
@@ -246,10 +298,7 @@ impl<D: Device> Worker<D> {
 
     /// The rank whose ids this worker uses for `group`.
     fn id_rank(&self, group: usize) -> usize {
-        match self.spec.groups()[group].rank_rule {
-            RankRule::AllUnion => 0,
-            RankRule::Intersection => self.cfg.rank as usize,
-        }
+        self.spec.key_rank(group, self.cfg.rank)
     }
 
     fn ids<'m>(&self, r: &'m ReqMeta, group: usize) -> &'m [Id] {
@@ -341,13 +390,8 @@ impl<D: Device> Worker<D> {
     /// The chain blocks unit `u`'s group loads for a hit at `p` when the
     /// engine already holds `have` tokens.
     fn load_range(&self, group: usize, p: u64, have: u64) -> Range<usize> {
-        let g = &self.spec.groups()[group];
-        let window = match (g.kind, g.source) {
-            (Kind::Sidecar, Some(s)) => self.spec.groups()[s].window,
-            _ => g.window,
-        };
-        let b = block_of(&self.spec, group).max(1);
-        let from = match window {
+        let b = self.spec.block_of(group).max(1);
+        let from = match self.spec.window_of(group) {
             Some(w) => have.max(p.saturating_sub(w)),
             None => have,
         };
@@ -400,7 +444,7 @@ impl<D: Device> Worker<D> {
     /// that cannot even be submitted is kept as a failed one, so that it is
     /// reported like any other failed load, never silently skipped.
     fn start_unit_load(
-        &self,
+        &mut self,
         u: &Unit,
         ri: usize,
         r: &ReqMeta,
@@ -408,23 +452,33 @@ impl<D: Device> Worker<D> {
         have: u64,
     ) -> Option<UnitLoad> {
         let g = &self.spec.groups()[u.group];
-        let reg = self.reg(u).map_err(|e| e.to_string());
-        let no_store = || format!("group `{}` has no store", g.name);
+        let reg = self.reg(u).map_err(|e| not_submitted(&e)).cloned();
+        let no_store = || {
+            Failure::new(
+                FailureKind::NotSubmitted,
+                format!("group `{}` has no store", g.name),
+            )
+        };
         let (what, task) = match g.kind {
             Kind::Chain | Kind::Sidecar => {
                 let range = self.load_range(u.group, p, have);
                 if range.is_empty() {
                     return None;
                 }
-                match (reg, self.stores.blocks(u.group)) {
+                let stores = Arc::clone(&self.stores);
+                match (reg, stores.blocks(u.group)) {
                     (Ok(reg), Some(store)) => {
-                        let (items, engine_blocks) = self.block_items(u, r, range, reg);
+                        let (mut items, mut engine_blocks) = self.block_items(u, r, range, &reg);
+                        self.sabotage_load(u.group, &mut items, &mut engine_blocks, reg.stride);
                         self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
                         let what = What::Blocks {
                             group: u.group,
                             engine_blocks,
                         };
-                        (what, store.load(items).map_err(|e| e.to_string()))
+                        let task = store
+                            .load(items)
+                            .map_err(|e| Failure::from_store(&e, "load submit"));
+                        (what, task)
                     }
                     (reg, _) => {
                         let table = r
@@ -445,8 +499,11 @@ impl<D: Device> Worker<D> {
                 if p == 0 {
                     return None;
                 }
-                let keyed =
-                    reg.and_then(|reg| self.state_item(u, r, p, reg).map_err(|e| e.to_string()));
+                let at = self.sabotage_state_position(u, r, p);
+                let keyed = reg.and_then(|reg| {
+                    self.state_item(u, r, at, &reg)
+                        .map_err(|e| not_submitted(&e))
+                });
                 let store = self.stores.snapshots(u.group).ok_or_else(no_store);
                 let hash = keyed.as_ref().map_or([0; 16], |(k, _)| k.hash);
                 let what = What::State {
@@ -457,7 +514,9 @@ impl<D: Device> Worker<D> {
                 let task = keyed.and_then(|(key, item)| {
                     let store = store?;
                     self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
-                    store.get(&key, vec![item]).map_err(|e| e.to_string())
+                    store
+                        .get(&key, vec![item])
+                        .map_err(|e| Failure::from_store(&e, "state load submit"))
                 });
                 (what, task)
             }
@@ -469,6 +528,67 @@ impl<D: Device> Worker<D> {
             task,
             settled: false,
         })
+    }
+
+    /// Applies a load sabotage (tests only; a no-op without one).
+    fn sabotage_load(
+        &mut self,
+        group: usize,
+        items: &mut Vec<TaskItem>,
+        blocks: &mut Vec<u32>,
+        stride: usize,
+    ) {
+        match self.cfg.sabotage {
+            Some(Sabotage::SkipLoad) if !items.is_empty() => {
+                items.remove(0);
+                blocks.remove(0);
+            }
+            Some(Sabotage::WrongEngineBlock) => {
+                for it in items.iter_mut() {
+                    if it.offset + 2 * stride <= it.memory.len() {
+                        it.offset += stride;
+                    }
+                }
+            }
+            Some(Sabotage::StalePrefix) => {
+                let keep: Vec<bool> = items
+                    .iter()
+                    .map(|it| !self.last_loaded.contains(&(group, it.block, it.shard)))
+                    .collect();
+                for it in items.iter() {
+                    self.last_loaded.insert((group, it.block, it.shard));
+                }
+                let mut k = keep.iter();
+                items.retain(|_| *k.next().unwrap_or(&true));
+                let mut k = keep.iter();
+                blocks.retain(|_| *k.next().unwrap_or(&true));
+            }
+            _ => {}
+        }
+    }
+
+    /// The position a state is loaded from: `p`, unless the
+    /// StateFromOtherPosition sabotage (tests only) picks the deepest other
+    /// checkpoint of the same prefix in the directory.
+    fn sabotage_state_position(&self, u: &Unit, r: &ReqMeta, p: u64) -> u64 {
+        if self.cfg.sabotage != Some(Sabotage::StateFromOtherPosition) {
+            return p;
+        }
+        let g = &self.spec.groups()[u.group];
+        let rank = self.id_rank(u.group);
+        let Some(seed) = r.hashes.seeds[u.group].get(rank) else {
+            return p;
+        };
+        let mut q = p.saturating_sub(g.block.max(1));
+        while q > 0 {
+            if let Ok(h) = checkpoint_hash(seed, self.ids(r, u.group), &r.tokens, g.hash_block, q) {
+                if self.directory.contains(&g.name, &h) {
+                    return q;
+                }
+            }
+            q = q.saturating_sub(g.block.max(1));
+        }
+        p
     }
 
     fn stage_index(&self, layer: u32) -> Result<Option<(usize, Unit)>> {
@@ -587,82 +707,92 @@ impl<D: Device> Worker<D> {
         let Some(loads) = step.loads.get_mut(&global) else {
             return;
         };
+        let mut errors: Vec<(String, usize, u32, LoadCause)> = Vec::new();
+        let mut forget: Vec<(usize, Id)> = Vec::new();
         for l in loads.iter_mut() {
             let r = &meta.requests[l.req];
             if l.settled || only.is_some_and(|q| q != r.id) {
                 continue;
             }
             l.settled = true;
-            let outcomes: Vec<ItemOutcome> = match &l.task {
-                Ok(t) => t.wait().into_iter().map(|(_, _, o)| o).collect(),
-                Err(e) => vec![ItemOutcome::Failed(e.clone())],
+            let causes: Vec<Option<LoadCause>> = match &l.task {
+                Ok(t) => t
+                    .wait()
+                    .into_iter()
+                    .map(|(_, _, o)| match o {
+                        ItemOutcome::Ok => None,
+                        ItemOutcome::Miss => Some(LoadCause::Miss),
+                        ItemOutcome::Failed(f) => Some(LoadCause::Failed(f)),
+                    })
+                    .collect(),
+                Err(f) => vec![Some(LoadCause::Failed(f.clone()))],
             };
-            let ok = outcomes.iter().filter(|o| **o == ItemOutcome::Ok).count();
+            let ok = causes.iter().filter(|c| c.is_none()).count();
             self.metrics
                 .loaded_items
                 .fetch_add(ok as u64, Ordering::Relaxed);
-            let bad = outcomes.len() - ok;
+            let bad = causes.len() - ok;
+            if bad > 0 {
+                self.metrics
+                    .load_failures
+                    .fetch_add(bad as u64, Ordering::Relaxed);
+            }
             match &l.what {
                 What::Blocks {
                     group,
                     engine_blocks,
                 } => {
-                    if bad > 0 {
-                        self.metrics
-                            .load_failures
-                            .fetch_add(bad as u64, Ordering::Relaxed);
-                    }
-                    for (o, eb) in outcomes.iter().zip(engine_blocks) {
-                        if *o != ItemOutcome::Ok {
-                            self.load_errors.insert(LoadError {
-                                req: r.id.clone(),
-                                group: *group,
-                                engine_block: *eb,
-                            });
-                        }
-                    }
-                    if l.task.is_err() {
+                    if let Err(f) = &l.task {
+                        // Not submitted: every block of the task failed.
                         for eb in engine_blocks {
-                            self.load_errors.insert(LoadError {
-                                req: r.id.clone(),
-                                group: *group,
-                                engine_block: *eb,
-                            });
+                            errors.push((r.id.clone(), *group, *eb, LoadCause::Failed(f.clone())));
+                        }
+                    } else {
+                        for (c, eb) in causes.iter().zip(engine_blocks) {
+                            if let Some(c) = c {
+                                errors.push((r.id.clone(), *group, *eb, c.clone()));
+                            }
                         }
                     }
                 }
                 What::State { group, hash, .. } => {
-                    if bad > 0 {
-                        self.metrics
-                            .load_failures
-                            .fetch_add(bad as u64, Ordering::Relaxed);
-                        self.metrics
-                            .checkpoint_misses
-                            .fetch_add(1, Ordering::Relaxed);
-                        // Lazy invalidation; the state is gone, so the whole
-                        // prefix is recomputed: report every chain group's
-                        // first block.
-                        self.directory
-                            .forget(&self.spec.groups()[*group].name, hash);
-                        for g in self.spec.groups() {
-                            if let Some(&eb) = r.alloc.blocks.get(&g.index).and_then(|b| b.first())
-                            {
-                                self.load_errors.insert(LoadError {
-                                    req: r.id.clone(),
-                                    group: g.index,
-                                    engine_block: eb,
-                                });
-                            }
+                    let Some(cause) = causes.into_iter().flatten().next() else {
+                        continue;
+                    };
+                    self.metrics
+                        .checkpoint_misses
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Lazy invalidation; the state is gone, so the whole
+                    // prefix is recomputed: report every chain group's
+                    // first block.
+                    forget.push((*group, *hash));
+                    // The state itself, by its slot, then the blocks.
+                    if let Some(&slot) = r.alloc.state_slots.get(group) {
+                        errors.push((r.id.clone(), *group, slot, cause.clone()));
+                    }
+                    for g in self.spec.groups() {
+                        if let Some(&eb) = r.alloc.blocks.get(&g.index).and_then(|b| b.first()) {
+                            errors.push((r.id.clone(), g.index, eb, cause.clone()));
                         }
                     }
                 }
             }
         }
+        for (group, hash) in forget {
+            self.directory
+                .forget(&self.spec.groups()[group].name, &hash);
+        }
+        for (req, group, eb, cause) in errors {
+            self.load_errors.entry((req, group, eb)).or_insert(cause);
+        }
     }
 
     /// Saves `layer`'s unit when `layer` is its last: the copies out of the
     /// engine's memory wait device-side for `event`. A repeated call in one
-    /// step is a no-op.
+    /// step is a no-op. Nothing is dropped: an item that cannot even be
+    /// submitted (no store, no state slot) is kept as a failed save and
+    /// reported by [`Worker::get_finished`]; every save submitted before an
+    /// error is recorded, so [`Worker::wait_for_save`] waits for it.
     pub fn save_kv_layer(&mut self, layer: u32, event: Option<Arc<D::Event>>) -> Result<()> {
         let Some((_, u)) = self.stage_index(layer)? else {
             return Ok(());
@@ -680,8 +810,14 @@ impl<D: Device> Worker<D> {
             return Ok(());
         }
         let meta = Arc::clone(&step.meta);
-        let reg = self.reg(&u)?.clone();
+        let reg = self.reg(&u).map_err(|e| not_submitted(&e)).cloned();
         let g = &self.spec.groups()[u.group];
+        let no_store = || {
+            Failure::new(
+                FailureKind::NotSubmitted,
+                format!("group `{}` has no store", g.name),
+            )
+        };
         let mut saves = Vec::new();
         for (ri, r) in meta.requests.iter().enumerate() {
             match g.kind {
@@ -690,12 +826,26 @@ impl<D: Device> Worker<D> {
                     else {
                         continue;
                     };
-                    let (items, engine_blocks) = self.block_items(&u, r, range.clone(), &reg);
-                    if items.is_empty() {
-                        continue;
-                    }
-                    let Some(store) = self.stores.blocks(u.group) else {
-                        continue;
+                    let (task, engine_blocks) = match (&reg, self.stores.blocks(u.group)) {
+                        (Ok(reg), Some(store)) => {
+                            let (mut items, mut engine_blocks) =
+                                self.block_items(&u, r, range.clone(), reg);
+                            if self.cfg.sabotage == Some(Sabotage::SkipSave) && !items.is_empty() {
+                                items.remove(0);
+                                engine_blocks.remove(0);
+                            }
+                            if items.is_empty() {
+                                continue;
+                            }
+                            let task = store
+                                .dump(items, event.clone())
+                                .map_err(|e| Failure::from_store(&e, "save submit"));
+                            (task, engine_blocks)
+                        }
+                        (reg, _) => {
+                            let why = reg.as_ref().err().cloned().unwrap_or_else(no_store);
+                            (Err(why), Vec::new())
+                        }
                     };
                     saves.push(Save {
                         req: ri,
@@ -703,16 +853,22 @@ impl<D: Device> Worker<D> {
                             group: u.group,
                             engine_blocks,
                         },
-                        task: store.dump(items, event.clone()).map_err(|e| e.to_string()),
+                        task,
                     });
                 }
                 Kind::Snapshot => {
                     for &(gi, pos) in r.save_states.iter().filter(|(gi, _)| *gi == u.group) {
-                        let Some(store) = self.stores.snapshots(gi) else {
-                            continue;
-                        };
-                        let (key, item) = self.state_item(&u, r, pos, &reg)?;
-                        let hash = key.hash;
+                        let keyed = reg.as_ref().map_err(Clone::clone).and_then(|reg| {
+                            self.state_item(&u, r, pos, reg)
+                                .map_err(|e| not_submitted(&e))
+                        });
+                        let hash = keyed.as_ref().map_or([0; 16], |(k, _)| k.hash);
+                        let task = keyed.and_then(|(key, item)| {
+                            let store = self.stores.snapshots(gi).ok_or_else(no_store)?;
+                            store
+                                .put(&key, vec![item], event.clone())
+                                .map_err(|e| Failure::from_store(&e, "state save submit"))
+                        });
                         saves.push(Save {
                             req: ri,
                             what: What::State {
@@ -720,9 +876,7 @@ impl<D: Device> Worker<D> {
                                 position: pos,
                                 hash,
                             },
-                            task: store
-                                .put(&key, vec![item], event.clone())
-                                .map_err(|e| e.to_string()),
+                            task,
                         });
                     }
                 }
@@ -766,24 +920,25 @@ impl<D: Device> Worker<D> {
             let r = &meta.requests[s.req];
             let outcomes: Vec<ItemOutcome> = match &s.task {
                 Ok(t) => t.wait().into_iter().map(|(_, _, o)| o).collect(),
-                Err(e) => vec![ItemOutcome::Failed(e.clone())],
+                Err(f) => vec![ItemOutcome::Failed(f.clone())],
             };
-            let ok = outcomes.iter().all(|o| *o == ItemOutcome::Ok);
+            let total = outcomes.len();
             let good = outcomes.iter().filter(|o| **o == ItemOutcome::Ok).count();
+            let ok = good == total;
             self.metrics
                 .saved_items
                 .fetch_add(good as u64, Ordering::Relaxed);
             if !ok {
                 let why = outcomes
-                    .iter()
+                    .into_iter()
                     .find_map(|o| match o {
-                        ItemOutcome::Failed(w) => Some(w.clone()),
+                        ItemOutcome::Failed(f) => Some(f),
                         _ => None,
                     })
-                    .unwrap_or_else(|| "save failed".into());
+                    .unwrap_or_else(|| Failure::new(FailureKind::Io, "save failed"));
                 self.metrics
                     .save_failures
-                    .fetch_add((outcomes.len() - good) as u64, Ordering::Relaxed);
+                    .fetch_add((total - good) as u64, Ordering::Relaxed);
                 self.failed.push((r.id.clone(), why));
             }
             if let What::State {
@@ -849,10 +1004,19 @@ impl<D: Device> Worker<D> {
         }
     }
 
-    /// Engine blocks whose load failed since the last call: the engine
-    /// recomputes them (and everything after them in their request).
+    /// Engine blocks whose load failed since the last call, with why: the
+    /// engine recomputes them (and everything after them in their request).
     pub fn block_ids_with_load_errors(&mut self) -> Vec<LoadError> {
-        let mut v: Vec<LoadError> = self.load_errors.drain().collect();
+        let mut v: Vec<LoadError> = self
+            .load_errors
+            .drain()
+            .map(|((req, group, engine_block), cause)| LoadError {
+                req,
+                group,
+                engine_block,
+                cause,
+            })
+            .collect();
         v.sort_by(|a, b| (&a.req, a.group, a.engine_block).cmp(&(&b.req, b.group, b.engine_block)));
         v
     }
