@@ -8,6 +8,8 @@
 //!   primitives;
 //! - [`coordinator`]: the spec table, hashing, `resolve_hit`, checkpoints
 //!   and the layerwise adapter;
+//! - [`harness`]: the engine harness (simulated engine, layout, content
+//!   oracle) that the tests and `ucm replay` drive the adapter with;
 //! - [`ffi`]: the C ABI and the Python module.
 //!
 //! and holds what the `ucm` command line reports, explains and measures
@@ -23,4 +25,5 @@ pub mod replay;
 pub use ucm_coordinator as coordinator;
 pub use ucm_device as device;
 pub use ucm_ffi as ffi;
+pub use ucm_harness as harness;
 pub use ucm_store as store;

@@ -94,9 +94,10 @@ struct ReplayArgs {
     /// Draw hit rate and TTFT per turn for each mode into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// Test only: corrupt one loaded byte, to prove the oracle reports it.
-    #[arg(long, hide = true)]
-    sabotage: bool,
+    /// Test only: plant a deliberate bug (default: flip one loaded byte),
+    /// to prove the oracle reports it and the run fails.
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "flip-byte")]
+    sabotage: Option<ucm::replay::SabotageKind>,
 }
 
 #[derive(Args)]
@@ -400,6 +401,12 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
     }
     if lost > 0 {
         return Err(format!("{lost} injected faults were never reported"));
+    }
+    let dropped: u64 = report.modes.values().map(|m| m.lost_saves).sum();
+    if dropped > 0 {
+        return Err(format!(
+            "{dropped} saves were reported good but no tier holds them"
+        ));
     }
     Ok(())
 }

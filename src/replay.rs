@@ -36,17 +36,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::coordinator::adapter::units::partition;
-use crate::coordinator::adapter::{
-    Allocation, ConnectorMeta, EngineRequest, LayerRegistration, ReqMeta, Scheduled, Scheduler,
-    StoreSet, StoreSetConfig, UnitMap, Worker, WorkerConfig,
-};
-use crate::coordinator::hash::{checkpoint_hash, seeded_tokens, Id};
+use crate::coordinator::adapter::StoreSetConfig;
+use crate::coordinator::hash::seeded_tokens;
 use crate::coordinator::{
-    CheckpointDirectory, CoordError, Deployment, Kind, RankRule, RequestKeys, SpecTable,
+    CoordError, Deployment, Kind, Presence, RequestHashes, RequestKeys, SpecTable,
 };
-use crate::device::conformance::{download, pattern, upload};
-use crate::device::{Device, HostDevice, Memory};
+use crate::harness::{Engine, EngineConfig, HarnessError, Outcome, Request, Sabotage};
 
 /// The workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -114,9 +109,9 @@ pub struct ReplayConfig {
     pub chunk: u64,
     /// Modes to run.
     pub modes: Vec<Mode>,
-    /// Test only: flip one byte of the first block loaded, so the oracle
-    /// must report a wrong hit (proves the check can fail).
-    pub sabotage: bool,
+    /// Test only: a deliberate bug, so the oracle must fail the run
+    /// (proves the checks can fail).
+    pub sabotage: Option<SabotageKind>,
 }
 
 impl Default for ReplayConfig {
@@ -136,7 +131,37 @@ impl Default for ReplayConfig {
             compute_us_per_token: 60.0,
             chunk: 2048,
             modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
-            sabotage: false,
+            sabotage: None,
+        }
+    }
+}
+
+/// The deliberate bugs `--sabotage` can plant (tests only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SabotageKind {
+    /// The harness flips one byte of the first block it checks.
+    FlipByte,
+    /// The worker leaves out one block of every chain load.
+    SkipLoad,
+    /// The worker loads into the next engine block.
+    WrongBlock,
+    /// The worker loads a state from another position.
+    StatePosition,
+    /// The worker skips blocks the previous request loaded.
+    StalePrefix,
+    /// The worker leaves out one block of every chain save.
+    SkipSave,
+}
+
+impl SabotageKind {
+    fn adapter(self) -> Option<Sabotage> {
+        match self {
+            SabotageKind::FlipByte => None,
+            SabotageKind::SkipLoad => Some(Sabotage::SkipLoad),
+            SabotageKind::WrongBlock => Some(Sabotage::WrongEngineBlock),
+            SabotageKind::StatePosition => Some(Sabotage::StateFromOtherPosition),
+            SabotageKind::StalePrefix => Some(Sabotage::StalePrefix),
+            SabotageKind::SkipSave => Some(Sabotage::SkipSave),
         }
     }
 }
@@ -147,9 +172,9 @@ pub enum ReplayError {
     /// The coordinator or a store failed.
     #[error(transparent)]
     Coord(#[from] CoordError),
-    /// The host device failed.
+    /// The engine harness failed.
     #[error(transparent)]
-    Device(#[from] crate::device::DeviceError),
+    Harness(#[from] HarnessError),
     /// A bad option or an impossible run.
     #[error("{0}")]
     Config(String),
@@ -252,6 +277,31 @@ fn reusable(reqs: &[WorkRequest]) -> Vec<u64> {
         .collect()
 }
 
+/// Faults of one kind, and what they caused.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FaultKindReport {
+    /// Faults of this kind injected (chosen for a request).
+    pub injected: u64,
+    /// Those that hit a target (a fail point that fired, files removed, a
+    /// rank that held saves).
+    pub fired: u64,
+    /// Disk writes a retry absorbed.
+    pub retries: u64,
+    /// Saves reported failed to the engine.
+    pub failed_saves: u64,
+    /// Load items reported failed to the engine (recomputed).
+    pub failed_loads: u64,
+    /// Requests whose hit shrank because of the fault (a miss, recomputed).
+    pub misses: u64,
+    /// Fired faults with an observed effect (any of the above).
+    pub with_effect: u64,
+    /// Fired faults whose effect was absorbed by design (a storm the
+    /// memory tier covered, a dead rank whose shards other ranks hold).
+    pub absorbed: u64,
+    /// Fired I/O faults with neither an effect nor a retry: must be 0.
+    pub unaccounted: u64,
+}
+
 /// The report of one mode.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ModeReport {
@@ -273,17 +323,24 @@ pub struct ModeReport {
     pub ttft_reduction_vs_recompute: Option<f64>,
     /// The same against `fold`.
     pub ttft_reduction_vs_fold: Option<f64>,
-    /// Loaded bytes that differed from the oracle.
+    /// Loaded items that differed from the oracle, items never loaded yet
+    /// not reported, and writes where the engine computes (must be 0).
     pub wrong_hits: u64,
-    /// Faults injected (fail points that fired, eviction storms, rank kills).
+    /// Saves reported good that no tier held (must be 0).
+    pub lost_saves: u64,
+    /// Items the oracle checked after loads.
+    pub checked_items: u64,
+    /// Faults injected.
     pub injected_faults: u64,
-    /// Faults the adapter reported (load errors, failed saves) or the store
-    /// absorbed (counted write retries), plus the storms and kills, whose
-    /// effect is misses.
+    /// Fired faults with an observed effect or absorbed by design.
     pub reported_faults: u64,
-    /// Injected I/O faults with no report in their request (must be 0).
+    /// Fired I/O faults with no observed effect (must be 0).
     pub unaccounted_faults: u64,
-    /// Bytes loaded into the engine and saved out of it (scaled).
+    /// Requests whose loads failed and which were recomputed.
+    pub recomputed_after_failed_load: u64,
+    /// Per fault kind.
+    pub faults: std::collections::BTreeMap<String, FaultKindReport>,
+    /// Bytes loaded into the engine (scaled).
     pub bytes_loaded: u64,
     /// Bytes saved.
     pub bytes_saved: u64,
@@ -307,193 +364,40 @@ pub struct Report {
     pub modes: std::collections::BTreeMap<String, ModeReport>,
 }
 
-struct Rank {
-    worker: Worker<HostDevice>,
-    regions: HashMap<u32, (Memory, usize)>,
-    rank: u32,
+/// The harness configuration of one mode.
+fn engine_config(
+    cfg: &ReplayConfig,
+    ctx: &Ctx,
+    dir: &Path,
+    mode: Mode,
+    max: usize,
+) -> EngineConfig {
+    let mut e = EngineConfig::new(Arc::clone(&ctx.spec), dir, max);
+    e.full = Some(Arc::clone(&ctx.full));
+    e.stores = StoreSetConfig {
+        pool_slots: 4096,
+        ways: 64,
+        ..StoreSetConfig::default()
+    };
+    e.tp = cfg.tp;
+    e.pp = cfg.pp;
+    e.repeat = if cfg.spec_decode { 2 } else { 1 };
+    e.chunk = cfg.chunk;
+    e.seed = cfg.seed;
+    e.fold = mode == Mode::Fold;
+    match cfg.sabotage {
+        Some(SabotageKind::FlipByte) => e.flip_byte = true,
+        Some(k) => e.sabotage = k.adapter(),
+        None => {}
+    }
+    e
 }
 
 struct Ctx {
-    dev: Arc<HostDevice>,
     /// The scaled spec the run uses.
     spec: Arc<SpecTable>,
     /// The spec at full size, for the TTFT model.
     full: Arc<SpecTable>,
-    units: Arc<UnitMap>,
-}
-
-fn rank_of(spec: &SpecTable, group: usize, rank: u32) -> usize {
-    match spec.groups()[group].rank_rule {
-        RankRule::AllUnion => 0,
-        RankRule::Intersection => rank as usize,
-    }
-}
-
-/// The oracle's bytes of `layer`'s unit for block `i` (chain) or the state
-/// at `p` (snapshot).
-fn oracle(ctx: &Ctx, r: &ReqMeta, layer: u32, rank: u32, i: usize, p: u64, len: usize) -> Vec<u8> {
-    let u = ctx.units.unit_of(layer).expect("a cached layer");
-    let g = &ctx.spec.groups()[u.group];
-    let rk = rank_of(&ctx.spec, u.group, rank);
-    let id: Id = match g.kind {
-        Kind::Snapshot => checkpoint_hash(
-            &r.hashes.seeds[u.group][rk],
-            &r.hashes.chains[u.group][rk],
-            &r.tokens,
-            g.hash_block,
-            p,
-        )
-        .unwrap_or([0; 16]),
-        _ => r.hashes.chains[u.group][rk][i],
-    };
-    let seed = u64::from_le_bytes(id[..8].try_into().unwrap_or([0; 8]))
-        ^ (u64::from(u.first_layer()) << 48)
-        ^ u64::from(rk as u32);
-    pattern(seed, len)
-}
-
-/// What one rank saw in one step.
-#[derive(Default)]
-struct StepOut {
-    wrong: Vec<String>,
-    load_wait: Duration,
-    loaded_bytes: u64,
-    /// What `loaded_bytes` would be at full size.
-    loaded_full_bytes: u64,
-    saved_bytes: u64,
-    load_errors: Vec<(usize, u32)>,
-}
-
-/// One step of one rank, hooks in contract order: after each unit's wait,
-/// every loaded byte is checked against the oracle (except what the adapter
-/// reported failed: the engine recomputes that), then the chunk is
-/// "computed" (the oracle's bytes written) and the layer saved.
-fn rank_step(
-    ctx: &Ctx,
-    rk: &mut Rank,
-    meta: &Arc<ConnectorMeta>,
-    chunk: &Scheduled,
-    repeat: usize,
-    save: bool,
-    sabotage: bool,
-) -> Result<StepOut> {
-    let mut sabotage = sabotage;
-    let mut out = StepOut::default();
-    rk.worker.start_load_kv(Arc::clone(meta))?;
-    let mut layers: Vec<u32> = rk.regions.keys().copied().collect();
-    layers.sort_unstable();
-    let r = &meta.requests[0];
-    for &layer in &layers {
-        let t = Instant::now();
-        for _ in 0..repeat {
-            rk.worker.wait_for_layer_load(layer)?;
-        }
-        out.load_wait += t.elapsed();
-        let new_errors = rk.worker.block_ids_with_load_errors();
-        let failed: std::collections::HashSet<(usize, u32)> = new_errors
-            .iter()
-            .map(|e| (e.group, e.engine_block))
-            .collect();
-        out.load_errors.extend(failed.iter().copied());
-        let u = ctx
-            .units
-            .unit_of(layer)
-            .expect("registered layers have units")
-            .clone();
-        let g = ctx.spec.groups()[u.group].clone();
-        let (mem, stride) = rk.regions[&layer].clone();
-        let b = crate::coordinator::adapter::scheduler::block_of(&ctx.spec, u.group).max(1);
-        if layer == u.first_layer() {
-            if let Some((p, have)) = r.load {
-                let mut check = |i: usize, p: u64, at: usize| -> Result<()> {
-                    let mut got = download(ctx.dev.as_ref(), &mem, at, stride)?;
-                    if std::mem::take(&mut sabotage) {
-                        got[0] ^= 1;
-                    }
-                    out.loaded_bytes += stride as u64;
-                    out.loaded_full_bytes +=
-                        crate::coordinator::adapter::stores::shard_bytes(&ctx.full, &g) as u64;
-                    if got != oracle(ctx, r, layer, rk.rank, i, p, stride) {
-                        out.wrong.push(format!(
-                            "wrong hit: request {} group {} layer {layer} {} (rank {})",
-                            r.id,
-                            g.name,
-                            if g.kind == Kind::Snapshot {
-                                format!("state at {p}")
-                            } else {
-                                format!("block {i}")
-                            },
-                            rk.rank
-                        ));
-                    }
-                    Ok(())
-                };
-                match g.kind {
-                    // A failed state load reports the request's first blocks.
-                    Kind::Snapshot if new_errors.is_empty() => {
-                        let slot = r.alloc.state_slots[&u.group] as usize;
-                        check(0, p, slot * stride)?;
-                    }
-                    Kind::Chain | Kind::Sidecar => {
-                        let window = match (g.window, g.source) {
-                            (Some(w), _) => Some(w),
-                            (None, Some(s)) => ctx.spec.groups()[s].window,
-                            _ => None,
-                        };
-                        let from = window.map_or(have, |w| have.max(p.saturating_sub(w)));
-                        for i in (from / b) as usize..(p / b) as usize {
-                            let eb = r.alloc.blocks[&u.group][i];
-                            if !failed.contains(&(u.group, eb)) {
-                                check(i, 0, eb as usize * stride)?;
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            // Compute: the chunk's completed blocks, the state at its end.
-            match g.kind {
-                Kind::Snapshot => {
-                    let slot = r.alloc.state_slots[&u.group] as usize;
-                    let bytes = oracle(ctx, r, layer, rk.rank, 0, chunk.end, stride);
-                    upload(ctx.dev.as_ref(), &mem, slot * stride, &bytes)?;
-                }
-                Kind::Chain | Kind::Sidecar => {
-                    for i in (chunk.start / b) as usize..(chunk.end / b) as usize {
-                        let eb = r.alloc.blocks[&u.group][i] as usize;
-                        let bytes = oracle(ctx, r, layer, rk.rank, i, 0, stride);
-                        upload(ctx.dev.as_ref(), &mem, eb * stride, &bytes)?;
-                    }
-                }
-                Kind::None => {}
-            }
-        }
-        if save {
-            for _ in 0..repeat {
-                rk.worker.save_kv_layer(layer, None)?;
-            }
-        }
-    }
-    rk.worker.wait_for_save()?;
-    for e in rk.worker.block_ids_with_load_errors() {
-        out.load_errors.push((e.group, e.engine_block));
-    }
-    if save {
-        for (gi, range) in &r.save_blocks {
-            let units = rk
-                .worker
-                .stage_units()
-                .iter()
-                .filter(|u| u.group == *gi)
-                .count() as u64;
-            let shard = crate::coordinator::adapter::stores::shard_bytes(
-                &ctx.spec,
-                &ctx.spec.groups()[*gi],
-            ) as u64;
-            out.saved_bytes += range.len() as u64 * units * shard;
-        }
-    }
-    Ok(out)
 }
 
 /// Replays one mode.
@@ -531,219 +435,70 @@ fn run_mode(
         .join(format!("ucm-replay-{}-{}", std::process::id(), mode.name()));
     let _ = std::fs::remove_dir_all(&dir);
     let max_tokens = reqs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
-    let blocks = max_tokens / grid.max(1) as usize + 2;
-    let stores = Arc::new(StoreSet::open(
-        &ctx.spec,
-        &ctx.units,
-        &dir,
-        Arc::clone(&ctx.dev),
-        &StoreSetConfig {
-            pool_slots: 4096,
-            ways: 64,
-            ..StoreSetConfig::default()
-        },
-    )?);
-    let directory = Arc::new(CheckpointDirectory::new());
-    let mut sched = Scheduler::new(
-        Arc::clone(&ctx.spec),
-        Deployment { tp_size: cfg.tp },
-        Arc::clone(&stores),
-        Arc::clone(&directory),
-    );
-    sched.set_fold_retention(mode == Mode::Fold);
-    let num_layers = ctx.spec.num_layers.unwrap_or_else(|| {
-        ctx.spec
-            .groups()
-            .iter()
-            .flat_map(|g| g.layers.iter().copied())
-            .max()
-            .map_or(0, |m| m + 1)
-    });
-    let bounds: Vec<u32> = (1..cfg.pp).map(|s| num_layers * s / cfg.pp).collect();
-    let stages = partition(&bounds, num_layers)?;
-    let mut ranks: Vec<Rank> = Vec::new();
-    for stage in &stages {
-        for rank in 0..cfg.tp {
-            let mut worker = Worker::new(
-                Arc::clone(&ctx.spec),
-                Arc::clone(&ctx.units),
-                Arc::clone(&stores),
-                Arc::clone(&directory),
-                Arc::clone(&ctx.dev),
-                WorkerConfig {
-                    rank,
-                    tp_size: cfg.tp,
-                    stage: stage.clone(),
-                    lookahead: 1,
-                },
-            )?;
-            let mut regions = HashMap::new();
-            let mut regs = Vec::new();
-            for u in worker.stage_units() {
-                let stride = stores.shard_bytes(u.group);
-                let n = if ctx.spec.groups()[u.group].kind == Kind::Snapshot {
-                    1
-                } else {
-                    blocks
-                };
-                let mem = ctx.dev.alloc_device(stride * n)?;
-                for &l in &u.layers {
-                    regions.insert(l, (mem.clone(), stride));
-                    regs.push(LayerRegistration {
-                        layer: l,
-                        memory: mem.clone(),
-                        stride,
-                    });
-                }
-            }
-            worker.register_kv_caches(regs)?;
-            ranks.push(Rank {
-                worker,
-                regions,
-                rank,
-            });
-        }
-    }
-    let repeat = if cfg.spec_decode { 2 } else { 1 };
-    let mut faults = Faults::new(cfg, &dir, &ctx.spec);
+    let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens))?;
+    let mut faults = Faults::new(cfg, &ctx.spec);
     let (mut sum_l, mut sum_p, mut reusable_total) = (0u64, 0u64, 0u64);
-    let mut sabotaged = false;
+    let (mut tier_pool, mut tier_disk) = (0u64, 0u64);
     let mut load_time = Duration::ZERO;
     let started = Instant::now();
     for (k, (w, &re)) in reqs.iter().zip(reuse).enumerate() {
         let id = format!("{}-s{}-t{}-{k}", mode.name(), w.session, w.turn);
         let n = w.tokens.len() as u64;
         rep.prompt_tokens += n;
-        let fault = faults.before(k)?;
-        let retries_before = stores.write_retries();
-        let req = EngineRequest {
+        let mut req = Request {
             id: id.clone(),
             tokens: Arc::clone(&w.tokens),
             keys: RequestKeys::default(),
+            dead_rank: None,
         };
-        let (matched, _) = sched.get_num_new_matched_tokens(&req, 0)?;
-        let (l, _) = sched.resolution(&id).unwrap_or((0, 0));
-        let mut alloc = Allocation::default();
-        for g in ctx.spec.groups() {
-            match g.kind {
-                Kind::Chain | Kind::Sidecar => {
-                    alloc.blocks.insert(g.index, (0..blocks as u32).collect());
-                }
-                Kind::Snapshot => {
-                    alloc.state_slots.insert(g.index, 0);
-                }
-                Kind::None => {}
-            }
+        let read_fault = faults.pending.is_some()
+            || (faults.wants(k) && faults.kind_next() == FaultKind::ReadEio);
+        if read_fault {
+            // A cold memory tier, so that the loads reach the disk.
+            let (p, d) = engine.stores().tier_bytes();
+            (tier_pool, tier_disk) = (tier_pool + p, tier_disk + d);
+            engine.restart()?;
         }
-        sched.update_state_after_alloc(&id, alloc, matched)?;
-        let mut ends: Vec<u64> = sched
-            .checkpoint_positions(&id)
-            .into_iter()
-            .filter(|&p| p > matched)
-            .collect();
-        ends.push(n);
-        let mut start = matched;
-        let mut req_wait = Duration::ZERO;
-        let mut req_load_full_ms = 0.0f64;
-        let mut served = matched;
-        let mut reported = 0u64;
-        for end in ends {
-            while start < end {
-                let stop = end.min(start + cfg.chunk.max(1));
-                let chunk = Scheduled {
-                    req: id.clone(),
-                    start,
-                    end: stop,
-                };
-                let meta = sched.build_meta(std::slice::from_ref(&chunk))?;
-                let kill = fault.kill_rank && start == matched;
-                let outs: Vec<Result<StepOut>> = std::thread::scope(|s| {
-                    let hs: Vec<_> = ranks
-                        .iter_mut()
-                        .map(|rk| {
-                            let save = !(kill && rk.rank == cfg.tp - 1);
-                            let meta = &meta;
-                            let chunk = &chunk;
-                            let sabotage = cfg.sabotage && rk.rank == 0 && !sabotaged;
-                            s.spawn(move || rank_step(ctx, rk, meta, chunk, repeat, save, sabotage))
-                        })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(ReplayError::Config("a rank thread panicked".into()))
-                            })
-                        })
-                        .collect()
-                });
-                let mut step_wait = Duration::ZERO;
-                let (mut scaled_b, mut full_b) = (0u64, 0u64);
-                sabotaged |= cfg.sabotage && meta.requests[0].load.is_some();
-                for o in outs {
-                    let o = o?;
-                    step_wait = step_wait.max(o.load_wait);
-                    scaled_b += o.loaded_bytes;
-                    full_b += o.loaded_full_bytes;
-                    rep.bytes_loaded += o.loaded_bytes;
-                    rep.bytes_saved += o.saved_bytes;
-                    for wmsg in &o.wrong {
-                        eprintln!("\n{wmsg}");
-                    }
-                    rep.wrong_hits += o.wrong.len() as u64;
-                    if !o.load_errors.is_empty() {
-                        reported += o.load_errors.len() as u64;
-                        // The engine recomputes from the first failed block.
-                        let first = o
-                            .load_errors
-                            .iter()
-                            .map(|(g, eb)| {
-                                u64::from(*eb)
-                                    * crate::coordinator::adapter::scheduler::block_of(
-                                        &ctx.spec, *g,
-                                    )
-                            })
-                            .min()
-                            .unwrap_or(0);
-                        served = served.min(first);
-                    }
-                }
-                req_wait += step_wait;
-                // The TTFT model: the load at full size, at the bandwidth
-                // this step measured.
-                if scaled_b > 0 {
-                    req_load_full_ms +=
-                        step_wait.as_secs_f64() * 1e3 * full_b as f64 / scaled_b as f64;
-                }
-                start = stop;
-            }
+        let fault = faults.before(k, &engine, &mut req)?;
+        let retries_before = engine.stores().write_retries();
+        let out = engine.run(&req)?;
+        faults.after(
+            fault,
+            &out,
+            engine.stores().write_retries() - retries_before,
+        );
+        for wmsg in out
+            .wrong
+            .iter()
+            .map(ToString::to_string)
+            .chain(out.lost.iter().map(ToString::to_string))
+        {
+            eprintln!("\n{wmsg}");
         }
-        // Saves end (durable or failed) before the next request.
-        for _ in 0..400 {
-            let mut pending = false;
-            for rk in ranks.iter_mut() {
-                let f = rk.worker.get_finished(std::slice::from_ref(&id));
-                reported += f.save_failed.len() as u64;
-                pending |= !f.saved.contains(&id) && f.save_failed.is_empty();
-            }
-            if !pending {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        rep.wrong_hits += out.wrong.len() as u64;
+        rep.lost_saves += out.lost.len() as u64;
+        rep.checked_items += out.checked;
+        rep.bytes_loaded += out.bytes_loaded;
+        rep.bytes_saved += out.bytes_saved;
+        if !out.load_errors.is_empty() {
+            rep.recomputed_after_failed_load += 1;
         }
-        sched.request_finished(&id);
-        // A write fault a retry absorbed is accounted for by the retry.
-        reported += stores.write_retries() - retries_before;
-        let acc = faults.after(fault, reported);
-        rep.injected_faults += acc.0;
-        rep.reported_faults += acc.1;
-        rep.unaccounted_faults += acc.2;
-        load_time += req_wait;
+        // The TTFT model: each step's load at full size, at the bandwidth
+        // that step measured.
+        let load_full_ms: f64 = out
+            .steps
+            .iter()
+            .filter(|s| s.1 > 0)
+            .map(|(wait, scaled, full)| wait.as_secs_f64() * 1e3 * *full as f64 / *scaled as f64)
+            .sum();
+        load_time += out.load_wait;
+        let served = out.served;
         rep.cached_tokens += served;
-        sum_l += l;
-        sum_p += matched;
+        sum_l += out.l;
+        sum_p += out.matched;
         let possible = re.min(n - 1) / grid * grid;
         reusable_total += possible;
-        let ttft = compute_ms(n - served) + req_load_full_ms;
+        let ttft = compute_ms(n - served) + load_full_ms;
         rep.ttft_ms.push(ttft);
         let e = per_turn.entry(w.turn).or_default();
         e.0 += served as f64;
@@ -774,11 +529,11 @@ fn run_mode(
         rep.bytes_loaded as f64 / (1u64 << 30) as f64 / load_time.as_secs_f64()
     };
     rep.per_turn = turns(&per_turn);
-    (rep.bytes_from_pool, rep.bytes_from_disk) = stores.tier_bytes();
+    let (p, d) = engine.stores().tier_bytes();
+    (rep.bytes_from_pool, rep.bytes_from_disk) = (tier_pool + p, tier_disk + d);
+    faults.report(&mut rep);
     progress("\n");
-    drop(ranks);
-    drop(sched);
-    drop(stores);
+    drop(engine);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(rep)
 }
@@ -802,122 +557,257 @@ fn turns(m: &HashMap<usize, (f64, f64, f64, usize)>) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// The kinds of injected faults, taken in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FaultKind {
+    /// A restart (cold memory tier), then EIO on the first chain group's
+    /// disk reads: its loads fail and are recomputed.
+    ReadEio,
+    /// EIO on a group's disk writes (retried; may fail the save).
+    WriteEio,
+    /// ENOSPC on a group's disk writes.
+    WriteEnospc,
+    /// Every block file of a group removed through the store (another
+    /// machine's GC); the memory tier may still hold some.
+    Storm,
+    /// A rank dies before it saves (TP > 1 only).
+    DeadRank,
+}
+
+impl FaultKind {
+    fn name(self) -> &'static str {
+        match self {
+            FaultKind::ReadEio => "read_eio",
+            FaultKind::WriteEio => "write_eio",
+            FaultKind::WriteEnospc => "write_enospc",
+            FaultKind::Storm => "eviction_storm",
+            FaultKind::DeadRank => "dead_rank",
+        }
+    }
+
+    fn is_io(self) -> bool {
+        matches!(
+            self,
+            FaultKind::ReadEio | FaultKind::WriteEio | FaultKind::WriteEnospc
+        )
+    }
+}
+
 /// One request's injected fault.
-#[derive(Default)]
 struct Fault {
+    kind: FaultKind,
     #[cfg(feature = "failpoints")]
     guard: Option<crate::device::io::faults::FaultGuard>,
-    storm: bool,
-    kill_rank: bool,
+    /// Storms: the group, and its stored prefix of the request's ids
+    /// before and right after the storm.
+    storm: Option<(usize, usize, usize)>,
+    fired: bool,
+    /// Read faults: further requests it stays armed for when the request
+    /// it was set for loaded nothing from disk.
+    left: usize,
 }
 
 struct Faults {
     rate: f64,
     seed: u64,
-    dir: PathBuf,
-    groups: Vec<String>,
-    tp: u32,
+    groups: Vec<usize>,
+    kinds: Vec<FaultKind>,
+    next: usize,
+    /// A read fault that has not fired yet, armed for the next request.
+    pending: Option<Fault>,
+    stats: std::collections::BTreeMap<String, FaultKindReport>,
 }
 
 impl Faults {
-    fn new(cfg: &ReplayConfig, dir: &Path, spec: &SpecTable) -> Faults {
+    fn new(cfg: &ReplayConfig, spec: &SpecTable) -> Faults {
+        let mut kinds = vec![
+            FaultKind::ReadEio,
+            FaultKind::WriteEio,
+            FaultKind::Storm,
+            FaultKind::WriteEnospc,
+        ];
+        if cfg.tp > 1 {
+            kinds.push(FaultKind::DeadRank);
+        }
+
         Faults {
             rate: cfg.faults,
             seed: cfg.seed,
-            dir: dir.to_path_buf(),
             groups: spec
                 .groups()
                 .iter()
                 .filter(|g| matches!(g.kind, Kind::Chain | Kind::Snapshot))
-                .map(|g| g.name.clone())
+                .map(|g| g.index)
                 .collect(),
-            tp: cfg.tp,
+            kinds,
+            next: 0,
+            pending: None,
+            stats: Default::default(),
         }
+    }
+
+    /// Whether request `k` gets a new fault (none while a read fault is
+    /// still armed).
+    fn wants(&self, k: usize) -> bool {
+        let x = mix(self.seed, 9, k as u64, 0);
+        self.pending.is_none()
+            && self.rate > 0.0
+            && ((x % 1_000_000) as f64 / 1e6) < self.rate
+            && !self.groups.is_empty()
+    }
+
+    /// The kind the next fault will be (kinds are taken in turn, so every
+    /// kind occurs once faults are frequent enough).
+    fn kind_next(&self) -> FaultKind {
+        self.kinds[self.next % self.kinds.len()]
     }
 
     /// Maybe injects a fault for request `k`.
-    fn before(&mut self, k: usize) -> Result<Fault> {
-        let x = mix(self.seed, 9, k as u64, 0);
-        if self.rate <= 0.0 || (x % 1_000_000) as f64 / 1e6 >= self.rate || self.groups.is_empty() {
-            return Ok(Fault::default());
+    fn before(&mut self, k: usize, engine: &Engine, req: &mut Request) -> Result<Option<Fault>> {
+        if let Some(f) = self.pending.take() {
+            return Ok(Some(f));
         }
-        let group = &self.groups[(x >> 20) as usize % self.groups.len()];
-        let path = self.dir.join(group);
-        let kind = (x >> 40) % if self.tp > 1 { 5 } else { 4 };
-        #[cfg(feature = "failpoints")]
-        {
-            use crate::device::io::faults::{inject, FaultOp, FaultRule};
-            let rule = |op, errno| {
-                let mut r = FaultRule::errno(&path, op, errno);
-                r.times = Some(4);
-                r
-            };
-            match kind {
-                0 => {
-                    return Ok(Fault {
-                        guard: Some(inject(rule(FaultOp::Read, libc::EIO))),
-                        ..Fault::default()
-                    })
+        if !self.wants(k) {
+            return Ok(None);
+        }
+        let kind = self.kind_next();
+        self.next += 1;
+        let x = mix(self.seed, 13, k as u64, 0);
+        let spec = engine.spec();
+        // Read faults target the first chain group, which every hit loads.
+        let group = match kind {
+            FaultKind::ReadEio => spec
+                .chain_groups()
+                .next()
+                .map_or(self.groups[0], |g| g.index),
+            _ => self.groups[(x >> 20) as usize % self.groups.len()],
+        };
+        self.stats.entry(kind.name().into()).or_default().injected += 1;
+        let mut f = Fault {
+            kind,
+            #[cfg(feature = "failpoints")]
+            guard: None,
+            storm: None,
+            fired: false,
+            left: 3,
+        };
+        let path = engine.stores().dir().join(&spec.groups()[group].name);
+        match kind {
+            FaultKind::ReadEio | FaultKind::WriteEio | FaultKind::WriteEnospc => {
+                #[cfg(feature = "failpoints")]
+                {
+                    use crate::device::io::faults::{inject, FaultOp, FaultRule};
+                    let (op, errno) = match kind {
+                        FaultKind::ReadEio => (FaultOp::Read, libc::EIO),
+                        FaultKind::WriteEio => (FaultOp::Write, libc::EIO),
+                        _ => (FaultOp::Write, libc::ENOSPC),
+                    };
+                    let mut r = FaultRule::errno(&path, op, errno);
+                    r.times = Some(4);
+                    f.guard = Some(inject(r));
                 }
-                1 => {
-                    return Ok(Fault {
-                        guard: Some(inject(rule(FaultOp::Write, libc::EIO))),
-                        ..Fault::default()
-                    })
+                #[cfg(not(feature = "failpoints"))]
+                {
+                    let _ = path;
+                    return Err(ReplayError::Config(
+                        "--faults injects I/O errors through fail points: build with --features failpoints".into(),
+                    ));
                 }
-                2 => {
-                    return Ok(Fault {
-                        guard: Some(inject(rule(FaultOp::Write, libc::ENOSPC))),
-                        ..Fault::default()
-                    })
-                }
-                _ => {}
+            }
+            FaultKind::Storm => {
+                let before = stored_prefix(engine, group, req)?;
+                let removed = engine
+                    .stores()
+                    .tier(group)
+                    .map_or(0, |t| t.disk().evict_all());
+                f.fired = removed > 0;
+                f.storm = Some((group, before, stored_prefix(engine, group, req)?));
+            }
+            FaultKind::DeadRank => {
+                req.dead_rank = Some(engine_tp(engine).saturating_sub(1));
+                f.fired = true;
             }
         }
-        #[cfg(not(feature = "failpoints"))]
-        if kind < 3 {
-            return Err(ReplayError::Config(
-                "--faults injects I/O errors through fail points: build with --features failpoints"
-                    .into(),
-            ));
-        }
-        if kind == 3 {
-            // An eviction storm: every block file of the group goes (GC on
-            // another machine); the pool may still hold some.
-            let _ = std::fs::remove_dir_all(path.join("blocks"));
-            return Ok(Fault {
-                storm: true,
-                ..Fault::default()
-            });
-        }
-        Ok(Fault {
-            kill_rank: true,
-            ..Fault::default()
-        })
+        Ok(Some(f))
     }
 
-    /// Accounts for a request's fault: (injected, reported, unaccounted).
-    #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
-    fn after(&mut self, f: Fault, reported: u64) -> (u64, u64, u64) {
-        let mut acc = (0, 0, 0);
+    /// Accounts for a request's fault from what was observed.
+    fn after(&mut self, f: Option<Fault>, out: &Outcome, retries: u64) {
+        let Some(mut f) = f else {
+            return;
+        };
         #[cfg(feature = "failpoints")]
-        if let Some(g) = f.guard {
-            if g.fired() > 0 {
-                acc.0 += 1;
-                if reported > 0 {
-                    acc.1 += 1;
-                } else {
-                    acc.2 += 1;
-                }
-            }
+        let fired = f.fired || f.guard.as_ref().is_some_and(|g| g.fired() > 0);
+        #[cfg(not(feature = "failpoints"))]
+        let fired = f.fired;
+        // A read fault whose request read nothing from disk (it missed, or
+        // the memory tier served it) stays armed for the next requests.
+        if f.kind == FaultKind::ReadEio && !fired && f.left > 0 {
+            f.left -= 1;
+            self.pending = Some(f);
+            return;
         }
-        if f.storm || f.kill_rank {
-            // Their effect is misses, which the oracle proves harmless.
-            acc.0 += 1;
-            acc.1 += 1;
+        let st = self.stats.entry(f.kind.name().into()).or_default();
+        if !fired {
+            return;
         }
-        acc
+        st.fired += 1;
+        // A storm's miss: blocks of the request's prefix that no tier held
+        // any more right after it (the memory tier did not cover them).
+        let misses = match f.storm {
+            Some((_, before, after)) if after < before => 1,
+            _ => 0,
+        };
+        let failed_loads = out.load_errors.len() as u64;
+        let failed_saves = out.save_failures.len() as u64;
+        st.retries += retries;
+        st.failed_loads += failed_loads;
+        st.failed_saves += failed_saves;
+        st.misses += misses;
+        let effect = failed_loads + failed_saves + misses + out.dead_rank_missing > 0;
+        if effect || retries > 0 {
+            st.with_effect += 1;
+        } else if f.kind.is_io() {
+            st.unaccounted += 1;
+        } else {
+            st.absorbed += 1;
+        }
     }
+
+    fn report(&self, rep: &mut ModeReport) {
+        for s in self.stats.values() {
+            rep.injected_faults += s.injected;
+            rep.reported_faults += s.with_effect + s.absorbed;
+            rep.unaccounted_faults += s.unaccounted;
+        }
+        rep.faults = self.stats.clone();
+    }
+}
+
+/// Blocks of `req`'s prefix that group `group`'s store holds (rank 0's ids).
+fn stored_prefix(engine: &Engine, group: usize, req: &Request) -> Result<usize> {
+    let spec = engine.spec();
+    let g = &spec.groups()[group];
+    let h = RequestHashes::compute(
+        spec,
+        Deployment {
+            tp_size: engine_tp(engine),
+        },
+        &req.tokens,
+        &req.keys,
+    )?;
+    let ids = h.chains[group].first().map(Vec::as_slice).unwrap_or(&[]);
+    let full = (req.tokens.len() as u64 / g.hash_block.max(1)) as usize;
+    Ok(match g.kind {
+        Kind::Chain => engine
+            .stores()
+            .lookup_on_prefix(g, &ids[..full.min(ids.len())]),
+        _ => 0,
+    })
+}
+
+fn engine_tp(engine: &Engine) -> u32 {
+    engine.config().tp
 }
 
 /// Runs the replay: every mode on the same workload.
@@ -933,14 +823,22 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
             cfg.faults
         )));
     }
+    if cfg.faults > 0.0 && !cfg!(feature = "failpoints") {
+        return Err(ReplayError::Config(
+            "--faults injects I/O errors through fail points: build with --features failpoints"
+                .into(),
+        ));
+    }
     let full = Arc::new(SpecTable::load(&cfg.spec)?);
     let spec = Arc::new(full.scaled(cfg.bytes_scale));
-    let ctx = Ctx {
-        dev: Arc::new(HostDevice::new()),
-        units: Arc::new(UnitMap::new(&spec)),
-        spec,
-        full,
-    };
+    if cfg.pp > spec.layer_count() {
+        return Err(ReplayError::Config(format!(
+            "--pp {} is more than the model's {} layers",
+            cfg.pp,
+            spec.layer_count()
+        )));
+    }
+    let ctx = Ctx { spec, full };
     let reqs = workload(cfg);
     let reuse = reusable(&reqs);
     let mut modes = std::collections::BTreeMap::new();

@@ -59,15 +59,12 @@ fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
         "the second turns hit"
     );
     assert_eq!(v["modes"]["recompute"]["cached_tokens"], 0);
-    // Per turn: the second turn is served from cache, so its simulated
-    // TTFT is below recompute's.
-    let t = |m: &str| v["modes"][m]["per_turn"][1][1].as_f64().unwrap();
-    assert!(
-        t("ucm") < t("recompute"),
-        "{} vs {}",
-        t("ucm"),
-        t("recompute")
-    );
+    // Per turn: the second turn is served from cache (a hit rate, not a
+    // time: timings belong in benchmarks, not in tests).
+    let hit = |m: &str| v["modes"][m]["per_turn"][1][0].as_f64().unwrap();
+    assert!(hit("ucm") > 0.5, "{}", hit("ucm"));
+    assert_eq!(hit("recompute"), 0.0);
+    assert!(v["modes"]["ucm"]["checked_items"].as_u64().unwrap() > 0);
     assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
 }
 
@@ -78,6 +75,9 @@ fn bad_replay_options_are_errors() {
         (vec!["--faults", "1.5"], "not a probability"),
         (vec!["--spec", "nope.toml"], "nope.toml"),
         (vec!["--workload", "poetry"], "poetry"),
+        (vec!["--pp", "1000"], "more than the model's 96 layers"),
+        // This test binary is built without fail points: refused up front.
+        (vec!["--faults", "0.2"], "build with --features failpoints"),
     ] {
         let out = ucm().arg("replay").args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
@@ -108,7 +108,46 @@ fn a_corrupted_load_is_reported_as_a_wrong_hit() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("wrong hit: request ucm-"), "{err}");
+    assert!(
+        err.contains("wrong hit") && err.contains("request ucm-"),
+        "{err}"
+    );
     assert!(err.contains("layer") && err.contains("block"), "{err}");
     assert!(err.contains("1 wrong hits"), "{err}");
+}
+
+/// Each deliberate bug of the worker fails the replay, with the finding
+/// named (the same mutations as `harness/tests/mutations.rs`, end to end).
+#[test]
+fn every_sabotage_fails_the_replay() {
+    for (kind, want) in [
+        ("skip-load", "never loaded (still poisoned)"),
+        ("wrong-block", "wrong hit"),
+        ("state-position", "state at"),
+        ("stale-prefix", "never loaded (still poisoned)"),
+        ("skip-save", "lost save"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = ucm()
+            .args([
+                "replay",
+                "--sessions",
+                "2",
+                "--turns",
+                "2",
+                "--modes",
+                "ucm",
+            ])
+            .args(["--sabotage", kind, "--dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{kind}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{kind}: {err}");
+        assert!(
+            err.contains("request ucm-") && err.contains("layer"),
+            "{kind}: {err}"
+        );
+    }
 }

@@ -148,6 +148,7 @@ fn drive(
             tp_size: 1,
             stage: 0..cfg.units,
             lookahead: cfg.lookahead,
+            sabotage: None,
         },
     )?;
     let stride = stores.shard_bytes(0);
