@@ -57,10 +57,7 @@ pub fn meta(spec: &SpecTable, dep: Deployment, rank: u32) -> String {
 /// The rank that goes into `group`'s meta: 0 for `all_union`, `rank` for
 /// `intersection`.
 pub fn meta_rank(group: &Group, rank: u32) -> u32 {
-    match group.rank_rule {
-        RankRule::AllUnion => 0,
-        RankRule::Intersection => rank,
-    }
+    group.key_rank(rank)
 }
 
 /// The chain seed of `group` for `rank` (sidecars: their source's seed).

@@ -236,6 +236,16 @@ impl Group {
         }
     }
 
+    /// The rank whose ids and seed `rank` uses: 0 under `all_union` (one
+    /// copy for every rank), the rank itself under `intersection`
+    /// (sidecars carry their source's rule).
+    pub fn key_rank(&self, rank: u32) -> u32 {
+        match self.rank_rule {
+            RankRule::AllUnion => 0,
+            RankRule::Intersection => rank,
+        }
+    }
+
     /// True for chain groups with a window.
     pub fn is_windowed(&self) -> bool {
         self.kind == Kind::Chain && self.window.is_some()
@@ -592,10 +602,7 @@ impl SpecTable {
     /// `all_union` (one copy for every rank), the rank itself under
     /// `intersection`.
     pub fn key_rank(&self, group: usize, rank: u32) -> usize {
-        match self.groups[group].rank_rule {
-            RankRule::AllUnion => 0,
-            RankRule::Intersection => rank as usize,
-        }
+        self.groups[group].key_rank(rank) as usize
     }
 
     /// Layers of the model: `num_layers` when given, else one past the

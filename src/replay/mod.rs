@@ -1,0 +1,415 @@
+//! `ucm replay`: a model end to end on the host device, with a content
+//! oracle, baselines and a report.
+//!
+//! A simulated engine drives the adapter exactly as a real engine would:
+//! per request, the scheduler side (`get_num_new_matched_tokens`,
+//! `update_state_after_alloc`, `build_meta`), then per step every rank and
+//! pipeline stage (threads sharing the stores) calls `start_load_kv`, per
+//! layer `wait_for_layer_load` and `save_kv_layer`, then `wait_for_save`.
+//! The engine's KV pools are host-device memory.
+//!
+//! **Content oracle.** The bytes of (group, layer, block) are a keyed
+//! stream of the block's id (a pure function of the token prefix up to the
+//! block's end, the group and, for `intersection` groups, the rank) and the
+//! layer; a state at `p` is one of `H(p)` and the layer. After every load
+//! the engine compares every loaded byte with the oracle: a mismatch is a
+//! **wrong hit**, printed with its request, group, layer and block, and the
+//! run fails.
+//!
+//! **Modes**, on the same workload: `ucm` (the design), `recompute` (no
+//! cache) and `fold` (the predecessor's hash-folding: a state is kept only
+//! where a prompt ended on a chain-block boundary).
+//!
+//! **Scale.** Byte sizes are divided by `bytes_scale` (default 64) so the
+//! default run fits two cores in well under two minutes; block sizes, grids,
+//! windows and layers are the spec's, so hits are too. In the simulated
+//! TTFT the measured load time of a step is scaled by the bytes the same
+//! items hold at full size over the bytes moved (the bandwidth measured,
+//! applied to the real sizes), and compute is `compute_us_per_token` per
+//! prompt token not served.
+
+//!
+//! Files: [`workload`] (the requests), [`faults`] (injection and the
+//! accounting of what each fault caused), [`report`] (the figures, text and
+//! SVG); this file runs the modes on the engine harness.
+
+mod faults;
+pub mod report;
+pub mod workload;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::coordinator::adapter::StoreSetConfig;
+use crate::coordinator::{CoordError, RequestKeys, SpecTable};
+use crate::harness::{Engine, EngineConfig, HarnessError, Request, Sabotage};
+
+use faults::{FaultKind, Faults};
+use report::{ratio, round4, turns};
+pub use report::{render_svg, render_text, FaultKindReport, ModeReport, Report};
+use workload::reusable;
+pub use workload::{workload, WorkRequest, Workload};
+
+/// The modes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The design.
+    Ucm,
+    /// No cache.
+    Recompute,
+    /// Hash-folding baseline.
+    Fold,
+}
+
+impl Mode {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Ucm => "ucm",
+            Mode::Recompute => "recompute",
+            Mode::Fold => "fold",
+        }
+    }
+}
+
+/// What to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayConfig {
+    /// The spec table.
+    pub spec: PathBuf,
+    /// The workload.
+    pub workload: Workload,
+    /// Its seed.
+    pub seed: u64,
+    /// Sessions (chat), documents (docqa) or prompts / turns (random).
+    pub sessions: usize,
+    /// Turns per session (chat), questions per document (docqa).
+    pub turns: usize,
+    /// Tensor-parallel ranks.
+    pub tp: u32,
+    /// Pipeline stages.
+    pub pp: u32,
+    /// Call every layer hook twice per step (speculative decoding).
+    pub spec_decode: bool,
+    /// Probability per request of an injected fault.
+    pub faults: f64,
+    /// Where the stores live (a fresh subdirectory per mode).
+    pub dir: PathBuf,
+    /// Byte sizes divided by this.
+    pub bytes_scale: u64,
+    /// Simulated compute per prompt token not served, in microseconds.
+    pub compute_us_per_token: f64,
+    /// Longest prefill chunk.
+    pub chunk: u64,
+    /// Modes to run.
+    pub modes: Vec<Mode>,
+    /// Test only: a deliberate bug, so the oracle must fail the run
+    /// (proves the checks can fail).
+    pub sabotage: Option<SabotageKind>,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        ReplayConfig {
+            spec: PathBuf::from("specs/x-hybrid-96.toml"),
+            workload: Workload::Chat,
+            seed: 1,
+            sessions: 8,
+            turns: 4,
+            tp: 1,
+            pp: 1,
+            spec_decode: false,
+            faults: 0.0,
+            dir: std::env::temp_dir(),
+            bytes_scale: 64,
+            compute_us_per_token: 60.0,
+            chunk: 2048,
+            modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
+            sabotage: None,
+        }
+    }
+}
+
+/// The deliberate bugs `--sabotage` can plant (tests only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SabotageKind {
+    /// The harness flips one byte of the first block it checks.
+    FlipByte,
+    /// The worker leaves out one block of every chain load.
+    SkipLoad,
+    /// The worker loads into the next engine block.
+    WrongBlock,
+    /// The worker loads a state from another position.
+    StatePosition,
+    /// The worker skips blocks the previous request loaded.
+    StalePrefix,
+    /// The worker leaves out one block of every chain save.
+    SkipSave,
+}
+
+impl SabotageKind {
+    fn adapter(self) -> Option<Sabotage> {
+        match self {
+            SabotageKind::FlipByte => None,
+            SabotageKind::SkipLoad => Some(Sabotage::SkipLoad),
+            SabotageKind::WrongBlock => Some(Sabotage::WrongEngineBlock),
+            SabotageKind::StatePosition => Some(Sabotage::StateFromOtherPosition),
+            SabotageKind::StalePrefix => Some(Sabotage::StalePrefix),
+            SabotageKind::SkipSave => Some(Sabotage::SkipSave),
+        }
+    }
+}
+
+/// What can go wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The coordinator or a store failed.
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    /// The engine harness failed.
+    #[error(transparent)]
+    Harness(#[from] HarnessError),
+    /// A bad option or an impossible run.
+    #[error("{0}")]
+    Config(String),
+}
+
+type Result<T> = std::result::Result<T, ReplayError>;
+
+/// The harness configuration of one mode.
+fn engine_config(
+    cfg: &ReplayConfig,
+    ctx: &Ctx,
+    dir: &Path,
+    mode: Mode,
+    max: usize,
+) -> EngineConfig {
+    let mut e = EngineConfig::new(Arc::clone(&ctx.spec), dir, max);
+    e.full = Some(Arc::clone(&ctx.full));
+    e.stores = StoreSetConfig {
+        pool_slots: 4096,
+        ways: 64,
+        ..StoreSetConfig::default()
+    };
+    e.tp = cfg.tp;
+    e.pp = cfg.pp;
+    e.repeat = if cfg.spec_decode { 2 } else { 1 };
+    e.chunk = cfg.chunk;
+    e.seed = cfg.seed;
+    e.fold = mode == Mode::Fold;
+    match cfg.sabotage {
+        Some(SabotageKind::FlipByte) => e.flip_byte = true,
+        Some(k) => e.sabotage = k.adapter(),
+        None => {}
+    }
+    e
+}
+
+struct Ctx {
+    /// The scaled spec the run uses.
+    spec: Arc<SpecTable>,
+    /// The spec at full size, for the TTFT model.
+    full: Arc<SpecTable>,
+}
+
+/// Replays one mode.
+fn run_mode(
+    cfg: &ReplayConfig,
+    ctx: &Ctx,
+    reqs: &[WorkRequest],
+    reuse: &[u64],
+    mode: Mode,
+    progress: &dyn Fn(&str),
+) -> Result<ModeReport> {
+    let mut rep = ModeReport {
+        requests: reqs.len(),
+        ..ModeReport::default()
+    };
+    let grid = ctx.spec.chain_grid();
+    let compute_ms = |tokens: u64| tokens as f64 * cfg.compute_us_per_token / 1000.0;
+    let mut per_turn: HashMap<usize, (f64, f64, f64, usize)> = HashMap::new();
+    if mode == Mode::Recompute {
+        for (w, &re) in reqs.iter().zip(reuse) {
+            let n = w.tokens.len() as u64;
+            rep.prompt_tokens += n;
+            let ttft = compute_ms(n);
+            rep.ttft_ms.push(ttft);
+            let e = per_turn.entry(w.turn).or_default();
+            e.1 += ttft;
+            e.2 += (re.min(n - 1) / grid * grid) as f64;
+            e.3 += 1;
+        }
+        rep.per_turn = turns(&per_turn);
+        return Ok(rep);
+    }
+    let dir = cfg
+        .dir
+        .join(format!("ucm-replay-{}-{}", std::process::id(), mode.name()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let max_tokens = reqs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+    let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens))?;
+    let mut faults = Faults::new(cfg, &ctx.spec);
+    let (mut sum_l, mut sum_p, mut reusable_total) = (0u64, 0u64, 0u64);
+    let (mut tier_pool, mut tier_disk) = (0u64, 0u64);
+    let mut load_time = Duration::ZERO;
+    let started = Instant::now();
+    for (k, (w, &re)) in reqs.iter().zip(reuse).enumerate() {
+        let id = format!("{}-s{}-t{}-{k}", mode.name(), w.session, w.turn);
+        let n = w.tokens.len() as u64;
+        rep.prompt_tokens += n;
+        let mut req = Request {
+            id: id.clone(),
+            tokens: Arc::clone(&w.tokens),
+            keys: RequestKeys::default(),
+            dead_rank: None,
+        };
+        let read_fault = faults.pending.is_some()
+            || (faults.wants(k) && faults.kind_next() == FaultKind::ReadEio);
+        if read_fault {
+            // A cold memory tier, so that the loads reach the disk.
+            let (p, d) = engine.stores().tier_bytes();
+            (tier_pool, tier_disk) = (tier_pool + p, tier_disk + d);
+            engine.restart()?;
+        }
+        let fault = faults.before(k, &engine, &mut req)?;
+        let retries_before = engine.stores().write_retries();
+        let out = engine.run(&req)?;
+        faults.after(
+            fault,
+            &out,
+            engine.stores().write_retries() - retries_before,
+        );
+        for wmsg in out
+            .wrong
+            .iter()
+            .map(ToString::to_string)
+            .chain(out.lost.iter().map(ToString::to_string))
+        {
+            eprintln!("\n{wmsg}");
+        }
+        rep.wrong_hits += out.wrong.len() as u64;
+        rep.lost_saves += out.lost.len() as u64;
+        rep.checked_items += out.checked;
+        rep.bytes_loaded += out.bytes_loaded;
+        rep.bytes_saved += out.bytes_saved;
+        if !out.load_errors.is_empty() {
+            rep.recomputed_after_failed_load += 1;
+        }
+        // The TTFT model: each step's load at full size, at the bandwidth
+        // that step measured.
+        let load_full_ms: f64 = out
+            .steps
+            .iter()
+            .filter(|s| s.1 > 0)
+            .map(|(wait, scaled, full)| wait.as_secs_f64() * 1e3 * *full as f64 / *scaled as f64)
+            .sum();
+        load_time += out.load_wait;
+        let served = out.served;
+        rep.cached_tokens += served;
+        sum_l += out.l;
+        sum_p += out.matched;
+        let possible = re.min(n - 1) / grid * grid;
+        reusable_total += possible;
+        let ttft = compute_ms(n - served) + load_full_ms;
+        rep.ttft_ms.push(ttft);
+        let e = per_turn.entry(w.turn).or_default();
+        e.0 += served as f64;
+        e.1 += ttft;
+        e.2 += possible as f64;
+        e.3 += 1;
+        progress(&format!(
+            "{:<9} [{}{}] {}/{} requests, {:.0}% cached, {} wrong hits, {:.1}s",
+            mode.name(),
+            "#".repeat((k + 1) * 30 / reqs.len()),
+            " ".repeat(30 - (k + 1) * 30 / reqs.len()),
+            k + 1,
+            reqs.len(),
+            if reusable_total > 0 {
+                100.0 * rep.cached_tokens as f64 / reusable_total as f64
+            } else {
+                0.0
+            },
+            rep.wrong_hits,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    rep.hit_rate = ratio(rep.cached_tokens, reusable_total);
+    rep.state_hit_rate = ratio(sum_p, sum_l);
+    rep.load_gib_s = if load_time.is_zero() {
+        0.0
+    } else {
+        rep.bytes_loaded as f64 / (1u64 << 30) as f64 / load_time.as_secs_f64()
+    };
+    rep.per_turn = turns(&per_turn);
+    let (p, d) = engine.stores().tier_bytes();
+    (rep.bytes_from_pool, rep.bytes_from_disk) = (tier_pool + p, tier_disk + d);
+    faults.report(&mut rep);
+    progress("\n");
+    drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(rep)
+}
+
+/// Runs the replay: every mode on the same workload.
+pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
+    if cfg.tp == 0 || cfg.pp == 0 || cfg.bytes_scale == 0 || cfg.sessions == 0 || cfg.turns == 0 {
+        return Err(ReplayError::Config(
+            "tp, pp, bytes-scale, sessions and turns must be positive".into(),
+        ));
+    }
+    if !(0.0..=1.0).contains(&cfg.faults) {
+        return Err(ReplayError::Config(format!(
+            "--faults {} is not a probability",
+            cfg.faults
+        )));
+    }
+    if cfg.faults > 0.0 && !cfg!(feature = "failpoints") {
+        return Err(ReplayError::Config(
+            "--faults injects I/O errors through fail points: build with --features failpoints"
+                .into(),
+        ));
+    }
+    let full = Arc::new(SpecTable::load(&cfg.spec)?);
+    let spec = Arc::new(full.scaled(cfg.bytes_scale));
+    if cfg.pp > spec.layer_count() {
+        return Err(ReplayError::Config(format!(
+            "--pp {} is more than the model's {} layers",
+            cfg.pp,
+            spec.layer_count()
+        )));
+    }
+    let ctx = Ctx { spec, full };
+    let reqs = workload(cfg);
+    let reuse = reusable(&reqs);
+    let mut modes = std::collections::BTreeMap::new();
+    for &m in &cfg.modes {
+        let r = run_mode(cfg, &ctx, &reqs, &reuse, m, progress)?;
+        modes.insert(m.name().to_string(), r);
+    }
+    // TTFT reductions over requests with >= 4096 reusable tokens.
+    let long: Vec<usize> = (0..reqs.len()).filter(|&i| reuse[i] >= 4096).collect();
+    let total = |m: &ModeReport| {
+        long.iter()
+            .map(|&i| m.ttft_ms.get(i).copied().unwrap_or(0.0))
+            .sum::<f64>()
+    };
+    let base_r = modes.get("recompute").map(total);
+    let base_f = modes.get("fold").map(total);
+    for (name, m) in modes.iter_mut() {
+        let t = total(m);
+        if !long.is_empty() {
+            m.ttft_reduction_vs_recompute = base_r
+                .filter(|b| *b > 0.0 && name != "recompute")
+                .map(|b| round4(1.0 - t / b));
+            m.ttft_reduction_vs_fold = base_f
+                .filter(|b| *b > 0.0 && name != "fold")
+                .map(|b| round4(1.0 - t / b));
+        }
+    }
+    Ok(Report { modes })
+}
