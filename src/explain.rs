@@ -52,6 +52,13 @@ pub enum ExplainError {
 
 type Result<T> = std::result::Result<T, ExplainError>;
 
+/// Longest prompt a scenario may name.
+pub const MAX_TOKENS: u64 = 1 << 24;
+/// Largest `tp_size` of a scenario.
+pub const MAX_TP: u32 = 1024;
+/// Most held ranges plus checkpoints a scenario may list.
+pub const MAX_LISTED: usize = 1 << 20;
+
 /// A scenario, as read from JSON.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -95,8 +102,21 @@ impl Scenario {
         if self.tokens == 0 {
             return bad("`tokens` must be positive (an empty prompt never hits)".into());
         }
-        if self.tp_size == 0 {
-            return bad("`tp_size` must be positive".into());
+        if self.tokens > MAX_TOKENS {
+            return bad(format!(
+                "`tokens` = {} exceeds {MAX_TOKENS} (a prompt of 16M tokens)",
+                self.tokens
+            ));
+        }
+        if self.tp_size == 0 || self.tp_size > MAX_TP {
+            return bad(format!("`tp_size` must lie in 1..={MAX_TP}"));
+        }
+        let listed: usize = self.held.values().map(Vec::len).sum::<usize>()
+            + self.checkpoints.values().map(Vec::len).sum::<usize>();
+        if listed > MAX_LISTED {
+            return bad(format!(
+                "{listed} held ranges and checkpoints exceed {MAX_LISTED}"
+            ));
         }
         for (g, ranges) in &self.held {
             let grp = spec
@@ -277,14 +297,13 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
         }
         None => {
             let base = Path::new("/dev/shm");
-            tmp = if base.is_dir() {
-                tempfile::Builder::new()
-                    .prefix("ucm-explain-")
-                    .tempdir_in(base)
+            let base = if base.is_dir() {
+                base.to_path_buf()
             } else {
-                tempfile::Builder::new().prefix("ucm-explain-").tempdir()
-            }
-            .map_err(|e| ExplainError::Scenario(format!("temporary store: {e}")))?;
+                std::env::temp_dir()
+            };
+            tmp = crate::scratch::Scratch::new(&base, "explain")
+                .map_err(|e| ExplainError::Scenario(format!("temporary store: {e}")))?;
             tmp.path().to_path_buf()
         }
     };
@@ -310,6 +329,12 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
         workers: 1,
         ..StoreSetConfig::default()
     };
+    if opts.resolve_only && !dir.is_dir() {
+        return Err(ExplainError::Scenario(format!(
+            "--resolve-only: no store at {} (nothing to reopen)",
+            dir.display()
+        )));
+    }
     let stores = StoreSet::open(spec, &units, &dir, Arc::clone(&dev), &cfg)?;
     let directory = CheckpointDirectory::new();
     if !opts.resolve_only {

@@ -21,6 +21,7 @@ pub mod bench;
 pub mod explain;
 pub mod info;
 pub mod replay;
+pub mod scratch;
 
 pub use ucm_coordinator as coordinator;
 pub use ucm_device as device;

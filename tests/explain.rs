@@ -98,6 +98,15 @@ fn bad_scenarios_are_clear_errors() {
             "outside the prompt",
         ),
         (r#"{"tokens": 3000}"#, "missing field `seed`"),
+        // Sizes that would exhaust memory are refused before allocation.
+        (
+            r#"{"tokens": 1000000000000, "seed": 1}"#,
+            "exceeds 16777216",
+        ),
+        (
+            r#"{"tokens": 3000, "seed": 1, "tp_size": 4000000000}"#,
+            "`tp_size` must lie in 1..=1024",
+        ),
     ];
     for (i, (json, want)) in cases.iter().enumerate() {
         let p = dir.path().join(format!("s{i}.json"));
@@ -108,6 +117,20 @@ fn bad_scenarios_are_clear_errors() {
         assert!(out.stdout.is_empty(), "no answer on error: {json}");
         assert!(err.contains(want), "{json}: expected `{want}` in: {err}");
     }
+}
+
+#[test]
+fn resolve_only_on_a_missing_store_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing-here");
+    let out = explain(
+        &root().join("examples/fig13.json"),
+        &["--resolve-only", "--store", missing.to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no store at"), "{err}");
+    assert!(!missing.exists(), "--resolve-only created a store");
 }
 
 #[test]

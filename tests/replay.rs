@@ -76,6 +76,9 @@ fn bad_replay_options_are_errors() {
         (vec!["--spec", "nope.toml"], "nope.toml"),
         (vec!["--workload", "poetry"], "poetry"),
         (vec!["--pp", "1000"], "more than the model's 96 layers"),
+        (vec!["--tp", "100000"], "--tp = 100000 exceeds 64"),
+        (vec!["--compute-us-per-token", "NaN"], "not a finite"),
+        (vec!["--compute-us-per-token", "inf"], "not a finite"),
         // This test binary is built without fail points: refused up front.
         (vec!["--faults", "0.2"], "build with --features failpoints"),
     ] {

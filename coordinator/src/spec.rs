@@ -33,6 +33,20 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CoordError, Result};
+use ucm_store::paths::{check_name, short};
+
+/// Most layers a model may have (layer indices lie below it).
+pub const MAX_LAYERS: u32 = 1 << 16;
+/// Largest chain block, snapshot grid, hash block, in tokens.
+pub const MAX_BLOCK_TOKENS: u64 = 1 << 20;
+/// Largest window or retention interval, in tokens.
+pub const MAX_SPAN_TOKENS: u64 = 1 << 40;
+/// Largest `bytes_per_token` of a layer.
+pub const MAX_BYTES_PER_TOKEN: u64 = 1 << 24;
+/// Largest `state_bytes` of a layer (16 GiB).
+pub const MAX_STATE_BYTES: u64 = 1 << 34;
+/// Largest stored block of one layer (a chain block's bytes), 64 GiB.
+pub const MAX_LAYER_BLOCK_BYTES: u64 = 1 << 36;
 
 /// What kind of data a group holds: the one stable classification axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,26 +133,50 @@ impl Layers {
     /// The layer indices, in order, or a message naming the bad part.
     pub fn expand(&self) -> std::result::Result<Vec<u32>, String> {
         match self {
-            Layers::List(v) => Ok(v.clone()),
+            Layers::List(v) => match v.iter().find(|&&l| l >= MAX_LAYERS) {
+                Some(l) => Err(format!("layer {l} is not below {MAX_LAYERS}")),
+                None if v.len() > MAX_LAYERS as usize => {
+                    Err(format!("more than {MAX_LAYERS} layers"))
+                }
+                None => Ok(v.clone()),
+            },
             Layers::Ranges(s) => {
                 let mut out = Vec::new();
                 for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                     let num = |t: &str| {
-                        t.trim()
-                            .parse::<u32>()
-                            .map_err(|_| format!("`{t}` in layers \"{s}\" is not a layer index"))
+                        let t = t.trim();
+                        match t.parse::<u32>() {
+                            Ok(v) if v < MAX_LAYERS => Ok(v),
+                            Ok(_) => Err(format!(
+                                "layer {t} in layers \"{}\" is not below {MAX_LAYERS}",
+                                short(s)
+                            )),
+                            Err(_) => Err(format!(
+                                "`{}` in layers \"{}\" is not a layer index",
+                                short(t),
+                                short(s)
+                            )),
+                        }
                     };
                     match part.split_once('-') {
                         Some((a, b)) => {
                             let (a, b) = (num(a)?, num(b)?);
                             if b < a {
                                 return Err(format!(
-                                    "range `{part}` in layers \"{s}\" is reversed"
+                                    "range `{}` in layers \"{}\" is reversed",
+                                    short(part),
+                                    short(s)
                                 ));
                             }
                             out.extend(a..=b);
                         }
                         None => out.push(num(part)?),
+                    }
+                    if out.len() > MAX_LAYERS as usize {
+                        return Err(format!(
+                            "layers \"{}\" list more than {MAX_LAYERS}",
+                            short(s)
+                        ));
                     }
                 }
                 Ok(out)
@@ -316,11 +354,14 @@ impl SpecTable {
         if rows.is_empty() {
             return err("no groups".into());
         }
+        if num_layers.is_some_and(|n| n > MAX_LAYERS) {
+            return err(format!("num_layers must not exceed {MAX_LAYERS}"));
+        }
         let mut by_name = HashMap::new();
         for (i, r) in rows.iter().enumerate() {
-            if r.name.is_empty() || r.name.contains('\0') {
-                return err(format!("group {i}: the name is empty or holds a NUL byte"));
-            }
+            // A group name becomes a directory of the store: a plain name.
+            check_name("group name", &r.name)
+                .map_err(|m| CoordError::Spec(format!("group {i}: {m}")))?;
             if by_name.insert(r.name.clone(), i).is_some() {
                 return err(format!("group `{}` is defined twice", r.name));
             }
@@ -357,6 +398,17 @@ impl SpecTable {
             let mut layers = layers;
             layers.sort_unstable();
             let positive = |field: &str, v: Option<u64>| -> Result<u64> {
+                let max = match field {
+                    "block_size" | "grid" => MAX_BLOCK_TOKENS,
+                    "bytes_per_token" => MAX_BYTES_PER_TOKEN,
+                    "state_bytes" => MAX_STATE_BYTES,
+                    _ => u64::MAX,
+                };
+                if let Some(x) = v.filter(|&x| x > max) {
+                    return Err(CoordError::Spec(format!(
+                        "group `{g}`: `{field}` = {x} exceeds {max}"
+                    )));
+                }
                 match v {
                     None => Err(CoordError::Spec(format!(
                         "group `{g}` ({:?}) needs `{field}`",
@@ -396,6 +448,11 @@ impl SpecTable {
                     let bs = positive("block_size", r.block_size)?;
                     let window = match r.window {
                         Some(0) => return err(format!("group `{g}`: the window must be positive")),
+                        Some(w) if w > MAX_SPAN_TOKENS => {
+                            return err(format!(
+                                "group `{g}`: the window exceeds {MAX_SPAN_TOKENS}"
+                            ))
+                        }
                         w => w,
                     };
                     (
@@ -412,6 +469,11 @@ impl SpecTable {
                     let hb = match (r.hash_block, min_chain) {
                         (Some(0), _) => {
                             return err(format!("group `{g}`: `hash_block` must be positive"))
+                        }
+                        (Some(h), _) if h > MAX_BLOCK_TOKENS => {
+                            return err(format!(
+                                "group `{g}`: `hash_block` exceeds {MAX_BLOCK_TOKENS}"
+                            ))
                         }
                         (Some(h), _) | (None, Some(h)) => h,
                         (None, None) => {
@@ -483,10 +545,24 @@ impl SpecTable {
                     if p.interval == Some(0) {
                         return err(format!("group `{g}`: retention interval must be positive"));
                     }
+                    if p.interval.is_some_and(|i| i > MAX_SPAN_TOKENS) {
+                        return err(format!(
+                            "group `{g}`: retention interval exceeds {MAX_SPAN_TOKENS}"
+                        ));
+                    }
                     Some(p)
                 }
                 _ => None,
             };
+            if r.kind == Kind::Chain
+                && unit_bytes
+                    .checked_mul(block)
+                    .is_none_or(|b| b > MAX_LAYER_BLOCK_BYTES)
+            {
+                return err(format!(
+                    "group `{g}`: a block of one layer (block_size x bytes_per_token) exceeds {MAX_LAYER_BLOCK_BYTES} bytes"
+                ));
+            }
             groups.push(Group {
                 index,
                 name: g.clone(),
@@ -501,6 +577,13 @@ impl SpecTable {
                 retention,
                 access_unit,
             });
+        }
+        if !groups.iter().any(|g| g.kind == Kind::Chain) {
+            return err(
+                "no chain group: a hit is a prefix the chain groups hold, so this table could \
+                 never serve one"
+                    .into(),
+            );
         }
         Ok(SpecTable {
             model: model.to_string(),

@@ -340,6 +340,70 @@ fn spec_validation_messages() {
     assert!(e.contains("chian"), "{e}");
 }
 
+/// Names that would become paths outside the store, sizes that would
+/// exhaust memory, and tables that could never hit are refused with the
+/// field named, before anything is allocated.
+#[test]
+fn hostile_spec_values_are_refused() {
+    let chain = |name: &str, extra: &str| {
+        format!(
+            "model = \"m\"\n[[group]]\nname = {name:?}\nkind = \"chain\"\nblock_size = 16\n\
+             layers = \"0\"\nbytes_per_token = 8\n{extra}"
+        )
+    };
+    for name in ["..", "/etc", "../../x", "a/b", "", ".hidden", "x y", "-rf"] {
+        let e = SpecTable::from_toml(&chain(name, ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a plain name"), "{name:?}: {e}");
+    }
+    let cases: &[(&str, &str)] = &[
+        ("layers = \"0-4294967295\"", "is not below 65536"),
+        ("layers = [4000000000]", "is not below 65536"),
+        (
+            "block_size = 99999999999",
+            "`block_size` = 99999999999 exceeds",
+        ),
+        (
+            "bytes_per_token = 99999999999",
+            "`bytes_per_token` = 99999999999 exceeds",
+        ),
+    ];
+    for (line, want) in cases {
+        let key = line.split(' ').next().unwrap();
+        let text = chain("a", "")
+            .lines()
+            .map(|l| {
+                if l.starts_with(&format!("{key} ")) {
+                    line.to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let e = SpecTable::from_toml(&text).unwrap_err().to_string();
+        assert!(e.contains(want), "{line}: {e}");
+    }
+    let e = SpecTable::from_toml(
+        "model = \"m\"\n[[group]]\nname = \"x\"\nkind = \"none\"\nlayers = \"0\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("no chain group"), "{e}");
+    let e = SpecTable::from_toml(&format!(
+        "{}[[group]]\nname = \"s\"\nkind = \"snapshot\"\ngrid = 16\nlayers = \"1\"\nstate_bytes = 99999999999999\n",
+        chain("a", "")
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`state_bytes`"), "{e}");
+    let e = SpecTable::from_toml("model = \"m\"\nnum_layers = 4000000000\n[[group]]\nname = \"a\"\nkind = \"chain\"\nblock_size = 16\nlayers = \"0\"\nbytes_per_token = 8\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("num_layers"), "{e}");
+}
+
 /// Every shipped spec loads, and X-Hybrid-96 matches DESIGN.md section 11.
 #[test]
 fn shipped_specs_load() {

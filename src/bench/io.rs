@@ -308,6 +308,17 @@ pub(crate) fn run_fio(
     depth: usize,
     file_bytes: u64,
 ) -> Result<f64, IoBenchError> {
+    // fio reuses an existing file: make it 0600 first (fio would use 0644).
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path);
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    }
     let mut cmd = Command::new("fio");
     cmd.arg("--name=ucm-bench")
         .arg(format!("--filename={}", path.display()))
@@ -365,12 +376,16 @@ pub fn run(
         path: cfg.dir.clone(),
         source,
     })?;
-    let path = cfg
-        .dir
-        .join(format!("ucm-bench-io-{}.dat", std::process::id()));
-    let result = run_in(cfg, &path, &mut progress);
-    let _ = std::fs::remove_file(&path);
-    result
+    // The bench file lives in a 0700 scratch directory of this run, gone
+    // on every exit path (and cleared by a later run if this one is killed).
+    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-io").map_err(|source| {
+        IoBenchError::Setup {
+            path: cfg.dir.clone(),
+            source,
+        }
+    })?;
+    let path = scratch.path().join("bench.dat");
+    run_in(cfg, &path, &mut progress)
 }
 
 fn run_in(

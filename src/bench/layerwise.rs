@@ -242,9 +242,9 @@ pub fn run(
         dev: Arc::new(HostDevice::new()),
         tokens: Arc::new((0..cfg.blocks as u32 * 16 + 1).collect()),
     };
-    let dir = cfg
-        .dir
-        .join(format!("ucm-bench-layerwise-{}", std::process::id()));
+    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-layerwise")
+        .map_err(|e| LayerwiseError::Other(format!("{}: {e}", cfg.dir.display())))?;
+    let dir = scratch.path().to_path_buf();
     let result = (|| {
         progress(&format!(
             "layerwise: storing {} units x {} blocks of {} KiB",
@@ -301,7 +301,7 @@ pub fn run(
         }
         Ok(out)
     })();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     result
 }
 

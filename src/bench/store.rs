@@ -215,13 +215,24 @@ pub fn run(
     cfg: &StoreBenchConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
+    if cfg.bytes == 0 || cfg.reps == 0 || cfg.shard_sizes.contains(&0) {
+        return Err(StoreBenchError::Other(
+            "--size, --reps and every shard size must be positive".into(),
+        ));
+    }
+    if cfg.shard_sizes.iter().any(|&s| s > cfg.bytes) {
+        return Err(StoreBenchError::Other(format!(
+            "a shard size exceeds --size ({} bytes): no whole block fits",
+            cfg.bytes
+        )));
+    }
     let fio = cfg.use_fio && fio_available();
     if cfg.use_fio && !fio {
         progress("fio not found: disk-path limits will be null");
     }
-    let root = cfg
-        .dir
-        .join(format!("ucm-bench-store-{}", std::process::id()));
+    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-store")
+        .map_err(|e| StoreBenchError::Other(format!("{}: {e}", cfg.dir.display())))?;
+    let root = scratch.path().to_path_buf();
     let result = (|| {
         let mut out = Vec::new();
         for &shard_bytes in &cfg.shard_sizes {
@@ -230,7 +241,7 @@ pub fn run(
         out.extend(run_lookups(&root, cfg.lookups, cfg.engine, &mut progress)?);
         Ok(out)
     })();
-    let _ = std::fs::remove_dir_all(&root);
+    drop(scratch);
     result
 }
 

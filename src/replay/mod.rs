@@ -247,10 +247,9 @@ fn run_mode(
         rep.per_turn = turns(&per_turn);
         return Ok(rep);
     }
-    let dir = cfg
-        .dir
-        .join(format!("ucm-replay-{}-{}", std::process::id(), mode.name()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = crate::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
+        .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?;
+    let dir = scratch.path().to_path_buf();
     let max_tokens = reqs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
     let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens))?;
     let mut faults = Faults::new(cfg, &ctx.spec);
@@ -350,8 +349,9 @@ fn run_mode(
     (rep.bytes_from_pool, rep.bytes_from_disk) = (tier_pool + p, tier_disk + d);
     faults.report(&mut rep);
     progress("\n");
+    // The stores close before their directory goes.
     drop(engine);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     Ok(rep)
 }
 
@@ -361,6 +361,28 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
         return Err(ReplayError::Config(
             "tp, pp, bytes-scale, sessions and turns must be positive".into(),
         ));
+    }
+    let bounded = [
+        ("--tp", cfg.tp as u64, 64),
+        ("--sessions", cfg.sessions as u64, 4096),
+        ("--turns", cfg.turns as u64, 256),
+        (
+            "--sessions x --turns",
+            (cfg.sessions as u64).saturating_mul(cfg.turns as u64),
+            65_536,
+        ),
+        ("chunk", cfg.chunk, 1 << 24),
+    ];
+    for (name, v, max) in bounded {
+        if v > max {
+            return Err(ReplayError::Config(format!("{name} = {v} exceeds {max}")));
+        }
+    }
+    if !cfg.compute_us_per_token.is_finite() || cfg.compute_us_per_token < 0.0 {
+        return Err(ReplayError::Config(format!(
+            "--compute-us-per-token {} is not a finite, non-negative duration",
+            cfg.compute_us_per_token
+        )));
     }
     if !(0.0..=1.0).contains(&cfg.faults) {
         return Err(ReplayError::Config(format!(

@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,6 +39,7 @@ use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, OpenOptions};
 
 use crate::error::{Result, StoreError};
 use crate::geometry::{BlockId, Geometry};
+use crate::paths;
 
 const MAGIC: [u8; 8] = *b"UCMBLK\x00\x01";
 const FORMAT_VERSION: u32 = 1;
@@ -133,47 +134,48 @@ impl DiskTier {
             )));
         }
         let tmp = cfg.dir.join("tmp");
+        // The root may be made with its parents; beneath it, nothing is
+        // followed through a link.
+        if fs::symlink_metadata(&cfg.dir).is_err() {
+            mkdir(&cfg.dir)?;
+        }
         for d in [cfg.dir.clone(), cfg.dir.join("blocks"), tmp.clone()] {
-            mkdir(&d)?;
-            // An existing directory may be more open than the store wants.
-            fs::set_permissions(&d, fs::Permissions::from_mode(0o700))
-                .map_err(StoreError::fs("restrict to 0700", &d))?;
+            paths::ensure_dir(&d)?;
         }
         let marker = cfg.dir.join("GEOMETRY");
         let expected = cfg.geometry.describe();
-        match fs::read_to_string(&marker) {
-            Ok(found) if found.trim() == expected => {}
-            Ok(found) => {
-                return Err(StoreError::GeometryMismatch {
-                    path: marker,
-                    found: found.trim().to_string(),
-                    expected,
-                })
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut f = fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&marker)
-                    .map_err(StoreError::fs("create", &marker))?;
-                std::io::Write::write_all(&mut f, format!("{expected}\n").as_bytes())
-                    .and_then(|_| f.sync_all())
-                    .map_err(StoreError::fs("write", &marker))?;
-            }
-            Err(e) => return Err(StoreError::fs("read", &marker)(e)),
+        let found = match paths::read_marker(&marker)? {
+            Some(found) => found,
+            None if paths::create_marker(&marker, &tmp, &expected)? => expected.clone(),
+            // Another process created it first: theirs must match.
+            None => paths::read_marker(&marker)?.unwrap_or_default(),
+        };
+        if found != expected {
+            return Err(StoreError::GeometryMismatch {
+                path: marker,
+                found: paths::short(&found),
+                expected,
+            });
         }
-        // Temporary files of a crashed writer are never read: clear them.
+        // Temporary files of writers that are dead (or, from another host,
+        // old) are never read: clear them. Live writers' files, and
+        // anything the store did not name, stay.
         let mut cleared = 0;
         for entry in fs::read_dir(&tmp).map_err(StoreError::fs("list", &tmp))? {
             let entry = entry.map_err(StoreError::fs("list", &tmp))?;
-            if fs::remove_file(entry.path()).is_ok() {
+            let (Ok(m), Some(name)) = (
+                entry.metadata(),
+                entry.file_name().to_str().map(String::from),
+            ) else {
+                continue;
+            };
+            if paths::stale_tmp(&name, &m) && fs::remove_file(entry.path()).is_ok() {
                 cleared += 1;
             }
         }
         if cleared > 0 {
             log::info!(
-                "disk tier {}: cleared {cleared} temporary files",
+                "disk tier {}: cleared {cleared} temporary files of dead writers",
                 cfg.dir.display()
             );
         }
@@ -217,9 +219,12 @@ impl DiskTier {
             .join(format!("{h}.blk"))
     }
 
-    /// True when block `id` is on disk (asked of the file system).
+    /// True when block `id` is on disk (asked of the file system): its
+    /// file is a regular file (not a link) of the full block length. An
+    /// empty, truncated or foreign file is absent; no read is needed.
     pub fn exists(&self, id: &BlockId) -> bool {
-        self.path_of(id).is_file()
+        fs::symlink_metadata(self.path_of(id))
+            .is_ok_and(|m| m.file_type().is_file() && m.len() == self.file_bytes())
     }
 
     /// Presence of each id.
@@ -292,10 +297,12 @@ impl DiskTier {
         // Per block: its write requests (header first).
         let mut per_block: Vec<(usize, Vec<IoRequest>)> = Vec::new();
         for (id, shards) in blocks {
+            // The writer's identity is in the name: another process opening
+            // this store removes it only once this writer is dead.
             let tmp = self.cfg.dir.join("tmp").join(format!(
                 "{}.{}.{}.tmp",
                 hex(&id),
-                std::process::id(),
+                paths::writer_id(),
                 self.nonce.fetch_add(1, Ordering::Relaxed)
             ));
             let mut p = Pending {
@@ -390,7 +397,8 @@ impl DiskTier {
             p.file = None;
             let dst = self.path_of(&p.id);
             let parent = dst.parent().unwrap_or(&self.cfg.dir).to_path_buf();
-            let moved = mkdir(&parent)
+            let moved = self
+                .fanout(&parent)
                 .and_then(|_| fs::rename(&p.tmp, &dst).map_err(StoreError::fs("rename", &dst)));
             match moved {
                 Ok(()) if !dirs.contains(&parent) => dirs.push(parent),
@@ -422,7 +430,10 @@ impl DiskTier {
                     Some(e) => {
                         let _ = fs::remove_file(&p.tmp);
                         self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
-                        log::warn!("block {} not written: {e}", hex(&p.id));
+                        let _ = crate::failure::warn_limited(
+                            &format!("block {} not written", hex(&p.id)),
+                            &crate::failure::Failure::from_store(&e, "disk write"),
+                        );
                         Err(e)
                     }
                 };
@@ -630,17 +641,52 @@ impl DiskTier {
         }
     }
 
-    /// Every block file with its mtime (a global walk of `blocks/`).
-    fn gather(&self) -> Vec<(SystemTime, PathBuf)> {
+    /// The fan-out directories `blocks/ab/cd` of `parent`, made 0700 and
+    /// never through a link.
+    fn fanout(&self, parent: &Path) -> Result<()> {
+        if let Some(ab) = parent.parent() {
+            paths::ensure_dir(ab)?;
+        }
+        paths::ensure_dir(parent)
+    }
+
+    /// Every block file with its mtime and length (a global walk of
+    /// `blocks/`). Only what the store names is seen: real directories of
+    /// two hex digits, regular files `<32 hex>.blk` in the directory their
+    /// name belongs in; links are never followed.
+    fn gather(&self) -> Vec<(SystemTime, PathBuf, u64)> {
         let mut out = Vec::new();
-        let walk = |p: &Path| fs::read_dir(p).into_iter().flatten().flatten();
-        for a in walk(&self.cfg.dir.join("blocks")) {
-            for b in walk(&a.path()) {
-                for f in walk(&b.path()) {
-                    let p = f.path();
-                    if p.extension().is_some_and(|e| e == "blk") {
-                        if let Ok(m) = f.metadata().and_then(|m| m.modified()) {
-                            out.push((m, p));
+        let dirs = |p: &Path| {
+            fs::read_dir(p)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| {
+                    let n = e.file_name().to_str()?.to_string();
+                    (n.len() == 2 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+                        .then_some((n, e.path()))
+                })
+                .collect::<Vec<_>>()
+        };
+        for (a, ap) in dirs(&self.cfg.dir.join("blocks")) {
+            for (b, bp) in dirs(&ap) {
+                for f in fs::read_dir(&bp).into_iter().flatten().flatten() {
+                    let Some(name) = f.file_name().to_str().map(String::from) else {
+                        continue;
+                    };
+                    let well_named = name.len() == 36
+                        && name.ends_with(".blk")
+                        && name[..4] == format!("{a}{b}")
+                        && parse_hex(&name[..32]).is_some();
+                    if !well_named {
+                        continue;
+                    }
+                    if let Ok(m) = f.metadata() {
+                        if m.file_type().is_file() {
+                            if let Ok(t) = m.modified() {
+                                out.push((t, f.path(), m.len()));
+                            }
                         }
                     }
                 }
@@ -652,9 +698,11 @@ impl DiskTier {
     /// Every block id on disk, from the file names (for warm restarts).
     /// Files whose names are not block ids are skipped.
     pub fn enumerate(&self) -> Vec<BlockId> {
+        let full = self.file_bytes();
         self.gather()
             .into_iter()
-            .filter_map(|(_, p)| {
+            .filter(|(_, _, len)| *len == full)
+            .filter_map(|(_, p, _)| {
                 let stem = p.file_stem()?.to_str()?;
                 parse_hex(stem)
             })
@@ -668,7 +716,7 @@ impl DiskTier {
     pub fn evict_all(&self) -> u64 {
         let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut deleted = 0;
-        for (_, p) in self.gather() {
+        for (_, p, _) in self.gather() {
             if fs::remove_file(&p).is_ok() {
                 deleted += 1;
             }
@@ -688,10 +736,10 @@ impl DiskTier {
         }
         let k = (found - self.cfg.low_watermark) as usize;
         if k < files.len() {
-            files.select_nth_unstable_by_key(k, |(t, _)| *t);
+            files.select_nth_unstable_by_key(k, |(t, _, _)| *t);
         }
         let mut deleted = 0;
-        for (_, p) in files.iter().take(k) {
+        for (_, p, _) in files.iter().take(k) {
             // A file already gone (another GC, another machine) is fine.
             if fs::remove_file(p).is_ok() {
                 deleted += 1;

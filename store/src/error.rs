@@ -21,6 +21,16 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A path beneath the store's root is not what the store made (a
+    /// symbolic link, a file where a directory belongs, an oversized
+    /// marker): refused, never followed or echoed.
+    #[error("refusing {path:?}: it {why}")]
+    Unsafe {
+        /// The path.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A configuration value is unusable.
     #[error("bad store configuration: {0}")]
     Config(String),

@@ -91,6 +91,7 @@ impl Failure {
             StoreError::QueueFull => Failure::new(FailureKind::QueueFull, detail),
             StoreError::PoolFull => Failure::new(FailureKind::PoolFull, detail),
             StoreError::Config(_)
+            | StoreError::Unsafe { .. }
             | StoreError::GeometryMismatch { .. }
             | StoreError::WrongGroup { .. }
             | StoreError::ShardOutOfRange { .. } => Failure::new(FailureKind::Rejected, detail),
@@ -113,11 +114,69 @@ impl Failure {
     }
 }
 
+/// The symbolic name of the errnos the store meets (`ENOSPC`, `EIO`, ...).
+pub fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        libc::EIO => "EIO",
+        libc::ENOSPC => "ENOSPC",
+        libc::EDQUOT => "EDQUOT",
+        libc::EACCES => "EACCES",
+        libc::EPERM => "EPERM",
+        libc::EROFS => "EROFS",
+        libc::ENOENT => "ENOENT",
+        libc::ELOOP => "ELOOP",
+        libc::EINVAL => "EINVAL",
+        libc::ENOMEM => "ENOMEM",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        _ => "errno",
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.errno {
-            Some(e) => write!(f, "{:?} (errno {e}): {}", self.kind, self.detail),
+            Some(e) => write!(
+                f,
+                "{:?} ({} errno {e}): {}",
+                self.kind,
+                errno_name(e),
+                self.detail
+            ),
             None => write!(f, "{:?}: {}", self.kind, self.detail),
+        }
+    }
+}
+
+/// How often one kind of failure is logged at most.
+pub const LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Logs `failure` as a warning at most once per kind per [`LOG_INTERVAL`],
+/// with the count of those not logged since: a full disk says so once per
+/// interval, not once per block. Returns whether this call logged.
+pub fn warn_limited(what: &str, failure: &Failure) -> bool {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static LAST: Mutex<Option<HashMap<FailureKind, (Instant, u64)>>> = Mutex::new(None);
+    let mut g = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    let now = Instant::now();
+    match map.get_mut(&failure.kind) {
+        Some((at, n)) if now.duration_since(*at) < LOG_INTERVAL => {
+            *n += 1;
+            false
+        }
+        entry => {
+            let skipped = entry.map_or(0, |(_, n)| *n);
+            map.insert(failure.kind, (now, 0));
+            drop(g);
+            if skipped > 0 {
+                log::warn!("{what}: {failure} (and {skipped} more like it in the last interval)");
+            } else {
+                log::warn!("{what}: {failure}");
+            }
+            true
         }
     }
 }
@@ -125,6 +184,13 @@ impl fmt::Display for Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_logged_once_per_interval() {
+        let f = Failure::errno(libc::EDQUOT, "disk write");
+        let logged = (0..100_000).filter(|_| warn_limited("block", &f)).count();
+        assert_eq!(logged, 1);
+    }
 
     #[test]
     fn errno_kinds_survive_conversion() {
@@ -144,6 +210,9 @@ mod tests {
         );
         assert!(Failure::errno(libc::EIO, "disk read")
             .to_string()
-            .contains("errno 5"));
+            .contains("EIO errno 5"));
+        assert!(Failure::errno(libc::ENOSPC, "disk write")
+            .to_string()
+            .contains("ENOSPC"));
     }
 }

@@ -22,6 +22,7 @@ pub mod disk;
 pub mod error;
 pub mod failure;
 pub mod geometry;
+pub mod paths;
 pub mod pool;
 mod slot;
 pub mod snapshot;

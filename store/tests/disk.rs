@@ -164,11 +164,28 @@ fn another_geometry_is_refused_and_temporary_files_are_cleared() {
         Err(e) => panic!("unexpected {e}"),
         Ok(_) => panic!("another geometry was accepted"),
     }
-    // A leftover temporary file is never visible and is cleared at open.
-    let leftover = dir.path().join("tmp").join("deadbeef.1.0.tmp");
+    // A dead writer's leftover temporary file is never visible and is
+    // cleared at open; a live writer's (this process's) stays.
+    let host = ucm_store::paths::writer_id()
+        .split('-')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let tmp = dir.path().join("tmp");
+    let leftover = tmp.join(format!("{}.{host}-{dead}-1.0.tmp", "ab".repeat(16)));
+    let live = tmp.join(format!(
+        "{}.{}.7.tmp",
+        "cd".repeat(16),
+        ucm_store::paths::writer_id()
+    ));
     fs::write(&leftover, b"partial").unwrap();
+    fs::write(&live, b"in flight").unwrap();
     let t = open(dir.path(), GEO, 100);
     assert!(!leftover.exists());
+    assert!(live.exists(), "a live writer's temporary file was removed");
     assert!(check_block(&t, GEO, 1));
     let bad = Geometry {
         shard_bytes: 1000,

@@ -83,6 +83,10 @@ impl<D: Device> StoreSet<D> {
         dev: Arc<D>,
         cfg: &StoreSetConfig,
     ) -> Result<Self> {
+        if let Some(p) = &cfg.shared {
+            ucm_store::paths::check_name("shared pool prefix", p)
+                .map_err(ucm_store::StoreError::Config)?;
+        }
         let engine: Arc<dyn IoEngine> = Arc::from(
             IoEngineConfig::new(cfg.engine)
                 .build()

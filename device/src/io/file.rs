@@ -2,7 +2,9 @@
 //!
 //! Opening tries O_DIRECT first; where the file system refuses it (EINVAL),
 //! the file is reopened buffered and the fallback is logged once per
-//! process. The seam is also where fail points hook in (feature
+//! process. A file is opened with O_NOFOLLOW and O_NONBLOCK and must be a
+//! regular file: a symbolic link, a FIFO, a device or a directory in its
+//! place is an error. The seam is also where fail points hook in (feature
 //! `failpoints`), so tests can inject EIO, ENOSPC and short transfers into
 //! exactly the operation they name.
 
@@ -69,7 +71,20 @@ fn open_raw(path: &Path, flags: libc::c_int) -> std::result::Result<OwnedFd, i32
         let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600 as libc::c_uint) };
         if fd >= 0 {
             // SAFETY: `fd` was just returned by open(2) and is owned by nobody else.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            if flags & libc::O_NONBLOCK != 0 {
+                // O_NONBLOCK only kept the open from blocking on a FIFO; I/O
+                // on the file must block (io_uring answers EAGAIN otherwise).
+                // SAFETY: `fd` is open; F_GETFL/F_SETFL take and return flags.
+                let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+                // SAFETY: as above.
+                if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK) } < 0 {
+                    return Err(std::io::Error::last_os_error()
+                        .raw_os_error()
+                        .unwrap_or(libc::EIO));
+                }
+            }
+            return Ok(owned);
         }
         let errno = std::io::Error::last_os_error()
             .raw_os_error()
@@ -87,11 +102,15 @@ impl IoFile {
         if let Some(errno) = faults::check_errno(FaultOp::Open, &path, 0) {
             return Err(DeviceError::os("open", Some(path), errno));
         }
-        let mut flags = if opts.write {
-            libc::O_RDWR
-        } else {
-            libc::O_RDONLY
-        };
+        // Never through a symbolic link (the last component), and never
+        // blocking on a FIFO: only regular files are accepted below.
+        let mut flags = libc::O_NOFOLLOW
+            | libc::O_NONBLOCK
+            | if opts.write {
+                libc::O_RDWR
+            } else {
+                libc::O_RDONLY
+            };
         if opts.create {
             flags |= libc::O_CREAT;
         }
@@ -125,6 +144,15 @@ impl IoFile {
             open_raw(&path, flags)
         };
         let fd = fd.map_err(|errno| DeviceError::os("open", Some(path.clone()), errno))?;
+        let file = std::fs::File::from(fd);
+        let regular = file.metadata().map(|m| m.is_file()).unwrap_or(false);
+        if !regular {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{} is not a regular file",
+                path.display()
+            )));
+        }
+        let fd = OwnedFd::from(file);
         Ok(IoFile {
             fd,
             path,

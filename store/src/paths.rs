@@ -1,0 +1,276 @@
+//! The store never leaves its root: plain names, directories that are not
+//! links, writer identities in temporary names, and the geometry marker
+//! written atomically and read with a cap.
+//!
+//! Every directory the store creates or enters beneath its root is checked
+//! with `lstat` (a symbolic link or a non-directory in its place is an
+//! error, never followed) and restricted through a descriptor opened with
+//! `O_DIRECTORY | O_NOFOLLOW`. Files are opened by the HAL with
+//! `O_NOFOLLOW` and must be regular.
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use crate::error::{Result, StoreError};
+
+/// Longest plain name (a group name, a shared-pool prefix).
+pub const MAX_NAME: usize = 64;
+
+/// Largest geometry marker read (its text is a line of a few dozen bytes).
+pub const MAX_MARKER_BYTES: u64 = 4096;
+
+/// A temporary file whose writer cannot be proven alive (another machine's,
+/// on a shared file system) is removed once it is this old. A live writer
+/// renames or removes its files within seconds.
+pub const STALE_TMP_AGE: Duration = Duration::from_secs(15 * 60);
+
+/// Checks that `name` is a plain identifier: 1 to [`MAX_NAME`] letters,
+/// digits, `_` or `-`, starting with a letter or digit. `what` names the
+/// field in the error.
+pub fn check_name(what: &str, name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && name.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {:?} is not a plain name (1-{MAX_NAME} letters, digits, `_` or `-`, \
+             starting with a letter or digit)",
+            short(name)
+        ))
+    }
+}
+
+/// At most 64 characters of `s`, control characters replaced: what an error
+/// message may echo of untrusted text.
+pub fn short(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if s.chars().count() > 64 {
+        out.push('…');
+    }
+    out
+}
+
+fn unsafe_path(path: &Path, why: &str) -> StoreError {
+    StoreError::Unsafe {
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    }
+}
+
+/// Makes sure `path` is a real directory (created 0700 when missing, never
+/// through a link) and restricts it to 0700 through a descriptor that did
+/// not follow a link.
+pub fn ensure_dir(path: &Path) -> Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => return Err(unsafe_path(path, "is a symbolic link")),
+        Ok(m) if !m.is_dir() => return Err(unsafe_path(path, "is not a directory")),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match fs::DirBuilder::new().mode(0o700).create(path) {
+                Ok(()) => {}
+                // Another process made it meanwhile: checked below.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(StoreError::fs("create directory", path)(e)),
+            }
+        }
+        Err(e) => return Err(StoreError::fs("inspect", path)(e)),
+    }
+    let d = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                unsafe_path(path, "is not a directory (or became a link)")
+            }
+            _ => StoreError::fs("open directory", path)(e),
+        })?;
+    let m = d.metadata().map_err(StoreError::fs("inspect", path))?;
+    if m.mode() & 0o777 != 0o700 {
+        d.set_permissions(fs::Permissions::from_mode(0o700))
+            .map_err(StoreError::fs("restrict to 0700", path))?;
+    }
+    Ok(())
+}
+
+/// The identity of this writer: `<host>-<pid>-<start>`, where `host` is a
+/// hash of the host name and `start` the process's start time in clock
+/// ticks since boot (so a reused pid is another writer).
+pub fn writer_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        let pid = std::process::id();
+        format!("{}-{pid}-{}", host_tag(), start_time(pid).unwrap_or(0))
+    })
+}
+
+fn host_tag() -> String {
+    let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{:08x}", crc32c::crc32c(host.trim().as_bytes()))
+}
+
+/// A process's start time (field 22 of `/proc/<pid>/stat`), if it runs.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: fields resume after ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the writer `id` (as [`writer_id`] makes them) is alive: `Some`
+/// for a writer of this host, `None` when it cannot be told (another host).
+pub fn writer_alive(id: &str) -> Option<bool> {
+    let mut parts = id.splitn(3, '-');
+    let (host, pid, start) = (parts.next()?, parts.next()?, parts.next()?);
+    if host != host_tag() {
+        return None;
+    }
+    let pid: u32 = pid.parse().ok()?;
+    let start: u64 = start.parse().ok()?;
+    Some(start_time(pid) == Some(start))
+}
+
+/// Whether a temporary file `name` (`<stem>.<writer>.<nonce>.tmp`) with
+/// metadata `m` may be removed: it must be a regular file of that form,
+/// and its writer dead, or (writer of another host) older than
+/// [`STALE_TMP_AGE`].
+pub fn stale_tmp(name: &str, m: &fs::Metadata) -> bool {
+    if !m.file_type().is_file() {
+        return false;
+    }
+    let Some(stem) = name.strip_suffix(".tmp") else {
+        return false;
+    };
+    let parts: Vec<&str> = stem.split('.').collect();
+    let [_, writer, nonce] = parts[..] else {
+        return false;
+    };
+    if nonce.parse::<u64>().is_err() {
+        return false;
+    }
+    match writer_alive(writer) {
+        Some(alive) => !alive,
+        None => m
+            .modified()
+            .ok()
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age > STALE_TMP_AGE),
+    }
+}
+
+/// Reads the geometry marker: `None` when absent; an error when it is not
+/// a regular file, or longer than [`MAX_MARKER_BYTES`].
+pub fn read_marker(path: &Path) -> Result<Option<String>> {
+    let f = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(unsafe_path(path, "is a symbolic link"))
+        }
+        Err(e) => return Err(StoreError::fs("open", path)(e)),
+    };
+    let m = f.metadata().map_err(StoreError::fs("inspect", path))?;
+    if !m.is_file() {
+        return Err(unsafe_path(path, "is not a regular file"));
+    }
+    if m.len() > MAX_MARKER_BYTES {
+        return Err(unsafe_path(path, "is too large to be a geometry marker"));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_MARKER_BYTES)
+        .read_to_end(&mut buf)
+        .map_err(StoreError::fs("read", path))?;
+    Ok(Some(String::from_utf8_lossy(&buf).trim().to_string()))
+}
+
+/// Writes the geometry marker atomically: a temporary file of this writer
+/// in `tmp` (cleared like any other if this writer dies), fsynced, then
+/// hard-linked to `path` (which fails if another writer got there first:
+/// the caller then reads theirs). Returns whether this call created it.
+pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
+    static NONCE: AtomicU64 = AtomicU64::new(0);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let n = NONCE.fetch_add(1, Ordering::Relaxed);
+    let tmp: PathBuf = tmp_dir.join(format!("GEOMETRY.{}.{n}.tmp", writer_id()));
+    let _ = fs::remove_file(&tmp);
+    let written = (|| -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, format!("{text}\n").as_bytes())?;
+        f.sync_all()
+    })();
+    let linked = written.and_then(|()| fs::hard_link(&tmp, path));
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            if let Ok(d) = fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(StoreError::fs("write", path)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_plain_identifiers() {
+        for ok in ["mla", "csa_c16", "kda-perslot", "0x", "A"] {
+            assert!(check_name("group", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "..",
+            "/etc",
+            "a/b",
+            "-x",
+            "_x",
+            "a b",
+            "a\0",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(check_name("group", bad).is_err(), "{bad:?}");
+        }
+        assert!(short(&"y".repeat(1000)).chars().count() <= 65);
+    }
+
+    #[test]
+    fn this_writer_is_alive_and_a_dead_one_is_not() {
+        assert_eq!(writer_alive(writer_id()), Some(true));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let host = writer_id().split('-').next().unwrap();
+        assert_eq!(writer_alive(&format!("{host}-{pid}-1")), Some(false));
+        if host != "deadbeef" {
+            assert_eq!(writer_alive("deadbeef-1-1"), None, "another host's writer");
+        }
+    }
+}
