@@ -19,9 +19,13 @@
 //! crash leaves the old state or the whole new block. A shard whose checksum
 //! fails is a miss, never data, and its file is removed.
 //!
-//! Presence is always asked of the file system: there is no in-memory
-//! "what is on disk" set that another machine's GC on a shared disk could
-//! falsify. GC is global and precise: it gathers every block's mtime,
+//! Presence is asked of the file system (a regular file of the full block
+//! length, never through a link), and remembered: ids this process wrote
+//! or found are answered from an in-memory summary without a `stat`. The
+//! summary is lazily invalidated: another process's or machine's GC can
+//! make an entry stale, and then the read finds the file gone (a miss,
+//! reported) and forgets it, so a stale entry is only ever a miss at load,
+//! never data. GC is global and precise: it gathers every block's mtime,
 //! selects the oldest with `select_nth_unstable` and deletes whole files
 //! until the count is at the low watermark. `touch` refreshes mtimes,
 //! throttled per block.
@@ -105,13 +109,28 @@ pub struct DiskTier {
     nonce: AtomicU64,
     touched: Mutex<HashMap<BlockId, Instant>>,
     gc_lock: Mutex<()>,
+    /// Ids this process saw on disk (wrote, or found by a lookup): a
+    /// lookup answers them without a `stat`. Lazily invalidated: a read
+    /// that finds the file gone or corrupt forgets the id, GC and
+    /// `evict_all` forget all, so a stale entry (another process's or
+    /// another machine's GC) is only ever a miss at load, never data.
+    known: std::sync::RwLock<std::collections::HashSet<BlockId>>,
 }
+
+/// Lookups of at least this many unknown ids stat them on two threads.
+const PARALLEL_LOOKUP: usize = 512;
 
 /// One block's reads as they completed: (bytes, buffer), header first.
 type Parts = Vec<(usize, Option<IoBuf>)>;
 
 fn hex(id: &BlockId) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(32);
+    for b in id {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
 }
 
 fn mkdir(path: &Path) -> Result<()> {
@@ -189,6 +208,7 @@ impl DiskTier {
             nonce: AtomicU64::new(0),
             touched: Mutex::new(HashMap::new()),
             gc_lock: Mutex::new(()),
+            known: Default::default(),
         })
     }
 
@@ -211,25 +231,88 @@ impl DiskTier {
     /// Where block `id` lives.
     pub fn path_of(&self, id: &BlockId) -> PathBuf {
         let h = hex(id);
-        self.cfg
-            .dir
-            .join("blocks")
-            .join(&h[0..2])
-            .join(&h[2..4])
-            .join(format!("{h}.blk"))
+        let mut p = self.cfg.dir.join("blocks");
+        p.push(format!("{}/{}/{h}.blk", &h[0..2], &h[2..4]));
+        p
     }
 
     /// True when block `id` is on disk (asked of the file system): its
     /// file is a regular file (not a link) of the full block length. An
     /// empty, truncated or foreign file is absent; no read is needed.
     pub fn exists(&self, id: &BlockId) -> bool {
+        self.is_known(id) || self.stat(id)
+    }
+
+    fn is_known(&self, id: &BlockId) -> bool {
+        self.known
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(id)
+    }
+
+    /// Asks the file system; remembers a block found.
+    fn stat(&self, id: &BlockId) -> bool {
+        let here = self.stat_only(id);
+        if here {
+            self.remember(std::iter::once(*id));
+        }
+        here
+    }
+
+    /// Asks the file system only: a regular file of the full length.
+    fn stat_only(&self, id: &BlockId) -> bool {
         fs::symlink_metadata(self.path_of(id))
             .is_ok_and(|m| m.file_type().is_file() && m.len() == self.file_bytes())
     }
 
-    /// Presence of each id.
+    fn remember(&self, ids: impl IntoIterator<Item = BlockId>) {
+        let mut k = self.known.write().unwrap_or_else(|e| e.into_inner());
+        // Bounded: past twice the capacity the summary starts over.
+        if k.len() as u64 > self.cfg.high_watermark.saturating_mul(2) {
+            k.clear();
+        }
+        k.extend(ids);
+    }
+
+    fn forget(&self, id: &BlockId) {
+        self.known
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+
+    fn forget_all(&self) {
+        self.known.write().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Presence of each id: known ids at once, the others asked of the
+    /// file system (on two threads for a large batch).
     pub fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
-        ids.iter().map(|id| self.exists(id)).collect()
+        let mut out: Vec<bool> = {
+            let k = self.known.read().unwrap_or_else(|e| e.into_inner());
+            ids.iter().map(|id| k.contains(id)).collect()
+        };
+        let unknown: Vec<usize> = (0..ids.len()).filter(|&i| !out[i]).collect();
+        let stat_all = |part: &[usize]| -> Vec<(usize, bool)> {
+            part.iter().map(|&i| (i, self.stat_only(&ids[i]))).collect()
+        };
+        let found: Vec<(usize, bool)> = if unknown.len() < PARALLEL_LOOKUP {
+            stat_all(&unknown)
+        } else {
+            let (a, b) = unknown.split_at(unknown.len() / 2);
+            std::thread::scope(|s| {
+                let other = s.spawn(|| stat_all(b));
+                let mut mine = stat_all(a);
+                mine.extend(other.join().unwrap_or_default());
+                mine
+            })
+        };
+        // One write for every id found.
+        self.remember(found.iter().filter(|(_, h)| *h).map(|&(i, _)| ids[i]));
+        for (i, here) in found {
+            out[i] = here;
+        }
+        out
     }
 
     /// Number of leading ids present.
@@ -419,6 +502,7 @@ impl DiskTier {
                 }
             }
         }
+        self.remember(pending.iter().filter(|p| p.err.is_none()).map(|p| p.id));
         pending
             .into_iter()
             .map(|p| {
@@ -502,6 +586,7 @@ impl DiskTier {
                     let path = self.path_of(&id);
                     match IoFile::open(&path, OpenOptions::read_only()) {
                         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                            self.forget(&id);
                             out.push(Some(Ok(None)));
                             continue;
                         }
@@ -608,6 +693,7 @@ impl DiskTier {
     }
 
     fn corrupt(&self, id: &BlockId, path: &Path, what: &str) -> Result<Option<Vec<IoBuf>>> {
+        self.forget(id);
         self.stats.corrupt_shards.fetch_add(1, Ordering::Relaxed);
         log::warn!(
             "block {} failed its {what} check: treated as a miss and removed",
@@ -715,6 +801,7 @@ impl DiskTier {
     /// partial block.
     pub fn evict_all(&self) -> u64 {
         let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.forget_all();
         let mut deleted = 0;
         for (_, p, _) in self.gather() {
             if fs::remove_file(&p).is_ok() {
@@ -734,6 +821,7 @@ impl DiskTier {
         if found <= self.cfg.high_watermark {
             return GcReport { found, deleted: 0 };
         }
+        self.forget_all();
         let k = (found - self.cfg.low_watermark) as usize;
         if k < files.len() {
             files.select_nth_unstable_by_key(k, |(t, _, _)| *t);

@@ -39,7 +39,7 @@ use crate::geometry::BlockId;
 use crate::slot::{self, state_of, Claim, EMPTY, FAILED, LOADING, READY, REFS};
 
 const MAGIC: [u8; 8] = *b"UCMPOOL1";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4096;
 const BUCKET_BYTES: usize = 8;
 const META_BYTES: usize = 64;
@@ -119,13 +119,27 @@ pub struct PoolConfig {
 pub type Key = (BlockId, u32);
 
 fn hash(key: &Key) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in key.0.iter().chain(key.1.to_le_bytes().iter()) {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^ (h >> 29)
+    // Block ids are md5 digests already; a multiply-xorshift mix of the
+    // two halves and the shard spreads structured ids (tests) as well.
+    let lo = u64::from_le_bytes(key.0[..8].try_into().unwrap_or([0; 8]));
+    let hi = u64::from_le_bytes(key.0[8..].try_into().unwrap_or([0; 8]));
+    let mut h = (lo ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ hi ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h = (h ^ u64::from(key.1) ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^ (h >> 32)
 }
+
+/// A slot's fingerprint: one byte of the key's hash (never 0, which marks
+/// a slot never claimed). Kept per slot beside the metadata so that a
+/// lookup reads one byte per way (8 per word) and checks the metadata of
+/// the few slots whose fingerprint matches, instead of every way's.
+fn fingerprint(h: u64) -> u8 {
+    ((h.rotate_left(17) >> 56) as u8) | 1
+}
+
+/// Hint entries per slot: a direct-mapped table from a key's hash to the
+/// slot that last held it (0 = none), checked before any scan.
+const HINTS_PER_SLOT: usize = 4;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -189,6 +203,8 @@ pub struct ClockPool {
     cfg: PoolConfig,
     buckets: usize,
     meta_off: usize,
+    fp_off: usize,
+    hint_off: usize,
     data_off: usize,
     path: Option<PathBuf>,
 }
@@ -234,8 +250,19 @@ impl ClockPool {
         }
         let buckets = cfg.slots / cfg.ways;
         let meta_off = HEADER_BYTES + (buckets * BUCKET_BYTES).div_ceil(META_BYTES) * META_BYTES;
-        let data_off = (meta_off + cfg.slots * META_BYTES).div_ceil(4096) * 4096;
-        let total = data_off + cfg.slots * cfg.shard_bytes;
+        let fp_off = meta_off + cfg.slots * META_BYTES;
+        let hint_off = (fp_off + cfg.slots.div_ceil(8) * 8).div_ceil(64) * 64;
+        let data_off = (hint_off + cfg.slots * HINTS_PER_SLOT * 4).div_ceil(4096) * 4096;
+        let total = cfg
+            .slots
+            .checked_mul(cfg.shard_bytes)
+            .and_then(|d| d.checked_add(data_off))
+            .ok_or_else(|| {
+                StoreError::Config(format!(
+                    "{} slots of {} bytes overflow the address space",
+                    cfg.slots, cfg.shard_bytes
+                ))
+            })?;
         let (map, path, created) = match &cfg.mode {
             PoolMode::Private => {
                 let map = MmapRaw::from(
@@ -257,6 +284,8 @@ impl ClockPool {
             cfg,
             buckets,
             meta_off,
+            fp_off,
+            hint_off,
             data_off,
             path,
         };
@@ -407,6 +436,62 @@ impl ClockPool {
         unsafe { &*(self.map.as_ptr().add(self.meta_off + slot * META_BYTES) as *const SlotMeta) }
     }
 
+    fn fp_word(&self, word: usize) -> &AtomicU64 {
+        // SAFETY: `word < slots.div_ceil(8)`; the fingerprint area lies
+        // inside the mapping at a 64-byte aligned offset, zero-initialised.
+        unsafe { &*(self.map.as_ptr().add(self.fp_off + word * 8) as *const AtomicU64) }
+    }
+
+    /// Sets slot `slot`'s fingerprint (under its bucket's lock).
+    fn set_fingerprint(&self, slot: usize, fp: u8) {
+        let shift = (slot % 8) * 8;
+        let w = self.fp_word(slot / 8);
+        let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some((v & !(0xff << shift)) | (u64::from(fp) << shift))
+        });
+    }
+
+    fn hint(&self, h: u64) -> &AtomicU32 {
+        let i = (h.rotate_left(32) % (self.cfg.slots * HINTS_PER_SLOT) as u64) as usize;
+        // SAFETY: `i < slots * HINTS_PER_SLOT`; the hint area lies inside
+        // the mapping at a 64-byte aligned offset, zero-initialised.
+        unsafe { &*(self.map.as_ptr().add(self.hint_off + i * 4) as *const AtomicU32) }
+    }
+
+    /// The slot the hint table names for hash `h`, if it lies in `key`'s
+    /// bucket (a hint is only a place to look first: the caller checks
+    /// the slot's state and key).
+    fn hinted(&self, h: u64) -> Option<usize> {
+        let s = self.hint(h).load(Ordering::Acquire).checked_sub(1)? as usize;
+        let (_, ways) = self.ways_at(h);
+        ways.contains(&s).then_some(s)
+    }
+
+    /// The ways of `key`'s bucket whose fingerprint matches `key`'s: the
+    /// only slots that may hold it (the caller checks their metadata).
+    fn candidates(&self, h: u64) -> impl Iterator<Item = usize> + '_ {
+        let (_, ways) = self.ways_at(h);
+        let (lo, hi) = (ways.start, ways.end);
+        let pattern = u64::from(fingerprint(h)) * 0x0101_0101_0101_0101;
+        let words = lo / 8..hi.div_ceil(8);
+        words.flat_map(move |w| {
+            let x = self.fp_word(w).load(Ordering::Acquire) ^ pattern;
+            // High bit of each zero byte of `x` (a matching lane); a lane
+            // above a match may be flagged too, which the metadata check
+            // rejects.
+            let mut m = x.wrapping_sub(0x0101_0101_0101_0101) & !x & 0x8080_8080_8080_8080;
+            std::iter::from_fn(move || {
+                if m == 0 {
+                    return None;
+                }
+                let lane = m.trailing_zeros() as usize / 8;
+                m &= m - 1;
+                Some(w * 8 + lane)
+            })
+            .filter(move |&s| s >= lo && s < hi)
+        })
+    }
+
     /// Number of slots.
     pub fn slots(&self) -> usize {
         self.cfg.slots
@@ -454,7 +539,12 @@ impl ClockPool {
     }
 
     fn ways_of(&self, key: &Key) -> (usize, std::ops::Range<usize>) {
-        let b = (hash(key) % self.buckets as u64) as usize;
+        self.ways_at(hash(key))
+    }
+
+    /// The bucket and ways of a key whose hash is `h`.
+    fn ways_at(&self, h: u64) -> (usize, std::ops::Range<usize>) {
+        let b = (h % self.buckets as u64) as usize;
         (b, b * self.cfg.ways..(b + 1) * self.cfg.ways)
     }
 
@@ -469,19 +559,30 @@ impl ClockPool {
         slot::unpin(&self.meta(slot).ctl);
     }
 
-    /// True when `key` is READY in the pool (no pin, no lock).
+    /// True when `key` is READY in the pool (no pin, no lock). Reads the
+    /// bucket's fingerprints, then the metadata of the matching slots only.
+    /// A key being claimed this instant may read as absent: a miss.
     pub fn contains(&self, key: &Key) -> bool {
-        let (_, ways) = self.ways_of(key);
-        ways.into_iter().any(|s| {
+        let ready = |s: usize| {
             let m = self.meta(s);
             state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key)
-        })
+        };
+        let h = hash(key);
+        if self.hinted(h).is_some_and(ready) {
+            return true;
+        }
+        match self.candidates(h).find(|&s| ready(s)) {
+            Some(s) => {
+                self.hint(h).store(s as u32 + 1, Ordering::Release);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A hotness pulse: sets the access bit of `key`'s slot. Never a pin.
     pub fn touch(&self, key: &Key) {
-        let (_, ways) = self.ways_of(key);
-        for s in ways {
+        for s in self.candidates(hash(key)) {
             let m = self.meta(s);
             if state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key) {
                 m.access.store(1, Ordering::Relaxed);
@@ -520,8 +621,11 @@ impl ClockPool {
     pub fn acquire(&self, key: Key) -> Result<Option<Acquire<'_>>> {
         let (b, ways) = self.ways_of(&key);
         loop {
-            // 1. Lock-free hit.
-            for s in ways.clone() {
+            // 1. Lock-free hit (the hinted slot, then the slots whose
+            // fingerprint matches; a miss here is checked again in full
+            // under the lock below).
+            let h = hash(&key);
+            for s in self.hinted(h).into_iter().chain(self.candidates(h)) {
                 if let Some(r) = self.try_pin(s, &key) {
                     return Ok(Some(Acquire::Hit(r)));
                 }
@@ -562,6 +666,9 @@ impl ClockPool {
                 Ordering::Release,
             );
             m.shard.store(key.1, Ordering::Release);
+            let h = hash(&key);
+            self.set_fingerprint(slot, fingerprint(h));
+            self.hint(h).store(slot as u32 + 1, Ordering::Release);
             m.owner.store(my_pid(), Ordering::Release);
             m.claimed_ms.store(now_ms(), Ordering::Release);
             m.err.store(0, Ordering::Release);

@@ -86,9 +86,17 @@ fn blocks_round_trip_and_lookups_follow_the_file_system() {
     let ids: Vec<_> = (1..=4).map(id).collect();
     assert_eq!(t.lookup(&ids), [true, true, false, true]);
     assert_eq!(t.lookup_on_prefix(&ids), 2);
-    // Presence is the file system's: a file removed behind our back is gone.
+    // A file removed behind our back (another process's GC): this tier may
+    // still believe it present (its summary), but the read is a miss, never
+    // data, and forgets it; a tier opened afresh asks the file system.
     fs::remove_file(t.path_of(&id(1))).unwrap();
+    assert!(t.read_shards(&id(1), &[0]).unwrap().is_none());
     assert_eq!(t.lookup_on_prefix(&ids), 0);
+    fs::remove_file(t.path_of(&id(2))).unwrap();
+    let fresh = open(dir.path(), GEO, 100);
+    assert_eq!(fresh.lookup(&ids), [false, false, false, true]);
+    t.write_block(&id(1), shards(GEO, 1)).unwrap();
+    t.write_block(&id(2), shards(GEO, 2)).unwrap();
     // Files are 0600 in 0700 directories.
     use std::os::unix::fs::PermissionsExt;
     let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;

@@ -371,3 +371,33 @@ fn a_dirty_slot_is_passed_over_until_clean_or_timed_out() {
         assert_eq!(pool.contains(&key(1)), a_survives, "timeout {timeout:?}");
     }
 }
+
+/// `contains` reads fingerprints, then only the matching slots' metadata:
+/// it must still be exact. Every stored key of a full 256-way bucket is
+/// found, no absent key is (thousands of them share fingerprints with
+/// stored ones), and an evicted key is gone.
+#[test]
+fn contains_is_exact_through_the_fingerprints() {
+    let pool = private(256, 256);
+    let k = |i: u32| -> Key {
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&i.to_le_bytes());
+        (b, i % 7)
+    };
+    for i in 0..256 {
+        fill(&pool, k(i), i as u8);
+    }
+    for i in 0..256 {
+        assert!(pool.contains(&k(i)), "stored key {i} not found");
+    }
+    // 20,000 absent keys: about 80 share each fingerprint byte value, so
+    // every stored slot's fingerprint is matched many times.
+    for i in 256..20_256 {
+        assert!(!pool.contains(&k(i)), "absent key {i} found");
+    }
+    // One more key evicts one stored key (CLOCK), which is then absent.
+    fill(&pool, k(99_999), 1);
+    assert!(pool.contains(&k(99_999)));
+    let gone = (0..256).filter(|&i| !pool.contains(&k(i))).count();
+    assert_eq!(gone, 1);
+}
