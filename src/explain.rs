@@ -208,16 +208,27 @@ fn dump(stores: &StoreSet<HostDevice>, dev: &HostDevice, g: &Group, ids: &[Id]) 
         .ok_or_else(|| ExplainError::Scenario(format!("`{}` has no block store", g.name)))?;
     let geo = store.disk().geometry();
     let mem = buffer(dev, geo, g.index as u64)?;
-    for id in ids {
-        if store.lookup(&[*id])[0] {
-            continue;
-        }
-        let items = (0..geo.shards_per_block)
-            .map(|s| TaskItem {
-                block: *id,
-                shard: s,
-                memory: mem.clone(),
-                offset: s as usize * geo.shard_bytes,
+    let missing: Vec<Id> = ids
+        .iter()
+        .zip(store.lookup(ids))
+        .filter(|(_, here)| !here)
+        .map(|(id, _)| *id)
+        .collect();
+    // As many blocks per task as half the pool holds (the write-behind
+    // needs every shard of a block in the pool): one task and one durable
+    // wait per batch, the fsyncs grouped by the disk tier.
+    let per_batch = (store.pool().slots() / 2 / geo.shards_per_block as usize).max(1);
+    for batch in missing.chunks(per_batch) {
+        let items = batch
+            .iter()
+            .flat_map(|id| {
+                let mem = &mem;
+                (0..geo.shards_per_block).map(move |s| TaskItem {
+                    block: *id,
+                    shard: s,
+                    memory: mem.clone(),
+                    offset: s as usize * geo.shard_bytes,
+                })
             })
             .collect();
         let t = store.dump(items, None)?;
@@ -324,9 +335,10 @@ pub fn explain(spec: &SpecTable, sc: &Scenario, opts: &ExplainOptions) -> Result
     )?;
     let dev = Arc::new(HostDevice::new());
     let units = UnitMap::new(spec);
+    // 48 MiB of pool per group: dumps go in batches that fit it.
     let cfg = StoreSetConfig {
-        pool_slots: 8,
-        workers: 1,
+        pool_bytes: Some(48 << 20),
+        workers: 2,
         ..StoreSetConfig::default()
     };
     if opts.resolve_only && !dir.is_dir() {

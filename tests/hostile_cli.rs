@@ -42,7 +42,10 @@ fn a_group_named_like_a_path_touches_nothing_outside() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("not a plain name"), "{name}: {err}");
     }
-    assert_eq!(std::fs::read(victim.join("tmp").join("precious")).unwrap(), b"keep");
+    assert_eq!(
+        std::fs::read(victim.join("tmp").join("precious")).unwrap(),
+        b"keep"
+    );
     assert!(!store.exists(), "a refused spec made a store");
 }
 
@@ -82,21 +85,53 @@ fn a_killed_runs_store_is_removed_by_the_next_run() {
     while scratch_dirs(dir.path()).is_empty() && t.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(!scratch_dirs(dir.path()).is_empty(), "the replay made no store");
+    assert!(
+        !scratch_dirs(dir.path()).is_empty(),
+        "the replay made no store"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(!scratch_dirs(dir.path()).is_empty(), "SIGKILL left its store (as expected)");
+    assert!(
+        !scratch_dirs(dir.path()).is_empty(),
+        "SIGKILL left its store (as expected)"
+    );
     let out = ucm()
-        .args(["replay", "--modes", "recompute", "--sessions", "1", "--turns", "1", "--dir"])
+        .args([
+            "replay",
+            "--modes",
+            "recompute",
+            "--sessions",
+            "1",
+            "--turns",
+            "1",
+            "--dir",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = ucm()
-        .args(["replay", "--modes", "ucm", "--sessions", "1", "--turns", "1", "--dir"])
+        .args([
+            "replay",
+            "--modes",
+            "ucm",
+            "--sessions",
+            "1",
+            "--turns",
+            "1",
+            "--dir",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(scratch_dirs(dir.path()), Vec::<String>::new());
 }

@@ -434,11 +434,15 @@ fn run_lookups(
     let held = &ids[..present];
     let set: HashSet<BlockId> = held.iter().copied().collect();
     let (mut hits, mut base_hits) = (0, 0);
-    let (ours, limit) = best_rates(present, || {
-        hits = st.lookup(held).iter().filter(|&&p| p).count();
-    }, || {
-        base_hits = held.iter().filter(|i| set.contains(*i)).count();
-    });
+    let (ours, limit) = best_rates(
+        present,
+        || {
+            hits = st.lookup(held).iter().filter(|&&p| p).count();
+        },
+        || {
+            base_hits = held.iter().filter(|i| set.contains(*i)).count();
+        },
+    );
     if hits != present || base_hits != present {
         return Err(StoreBenchError::Other(format!(
             "lookup_pool found {hits} of {present}"
@@ -477,11 +481,15 @@ fn run_lookups(
     // lookup_disk_warm: the same store again: the ids it found are in its
     // presence summary (lazily invalidated), the absent ones are stat'ed.
     let (mut hits, mut base_hits) = (0, 0);
-    let (ours, limit) = best_rates(total, || {
-        hits = st.lookup(&ids).iter().filter(|&&p| p).count();
-    }, || {
-        base_hits = paths.iter().filter(|p| p.is_file()).count();
-    });
+    let (ours, limit) = best_rates(
+        total,
+        || {
+            hits = st.lookup(&ids).iter().filter(|&&p| p).count();
+        },
+        || {
+            base_hits = paths.iter().filter(|p| p.is_file()).count();
+        },
+    );
     if hits != present || base_hits != present {
         return Err(StoreBenchError::Other(format!(
             "lookup_disk_warm found {hits} of {present}"

@@ -282,7 +282,10 @@ impl DiskTier {
     }
 
     fn forget_all(&self) {
-        self.known.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.known
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Presence of each id: known ids at once, the others asked of the

@@ -26,6 +26,9 @@ use crate::spec::{AccessUnit, Group, Kind, SpecTable};
 pub struct StoreSetConfig {
     /// Pool slots per group (at least twice the shards of a block).
     pub pool_slots: usize,
+    /// When set, the pool of each group holds this many bytes instead
+    /// (`pool_slots` is then ignored; still at least two blocks).
+    pub pool_bytes: Option<usize>,
     /// Pool ways (set associativity); `0`: fully associative.
     pub ways: usize,
     /// `Some(prefix)`: pools in shared memory named `<prefix>-<group>`, so
@@ -43,6 +46,7 @@ impl Default for StoreSetConfig {
     fn default() -> Self {
         StoreSetConfig {
             pool_slots: 256,
+            pool_bytes: None,
             ways: 0,
             shared: None,
             disk_blocks: 1 << 20,
@@ -105,7 +109,11 @@ impl<D: Device> StoreSet<D> {
                 shard_bytes: shard,
                 shards_per_block: shards,
             };
-            let slots = cfg.pool_slots.max(2 * shards as usize);
+            let slots = match cfg.pool_bytes {
+                Some(b) => b / shard.max(1),
+                None => cfg.pool_slots,
+            }
+            .max(2 * shards as usize);
             let ways = if cfg.ways == 0 {
                 slots
             } else {
