@@ -91,11 +91,10 @@ mod tests {
     #[test]
     fn a_dead_runs_scratch_goes_and_a_live_ones_stays() {
         let parent = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let host = writer_id().split('-').next().unwrap().to_string();
-        let stale = parent.path().join(format!("ucm-replay.{host}-{dead}-1.0"));
+        let stale = parent.path().join(format!(
+            "ucm-replay.{}.0",
+            crate::store::paths::dead_writer()
+        ));
         fs::create_dir(&stale).unwrap();
         fs::write(stale.join("blk"), b"x").unwrap();
         let other = parent.path().join("ucm-notes");

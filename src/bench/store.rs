@@ -531,7 +531,8 @@ mod tests {
                 "load_warm",
                 "load_layerwise",
                 "lookup_pool",
-                "lookup_disk"
+                "lookup_disk",
+                "lookup_disk_warm"
             ]
         );
         assert!(recs[..4].iter().all(|r| r.gib_s.is_some_and(|g| g > 0.0)));

@@ -235,6 +235,18 @@ pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
     }
 }
 
+/// Tests only: the writer identity of a process of this host that has
+/// exited (a child that ran `true`), as cleanup must treat it.
+#[doc(hidden)]
+pub fn dead_writer() -> String {
+    let host = writer_id().split('-').next().unwrap_or("0").to_string();
+    let pid = std::process::Command::new("true")
+        .spawn()
+        .and_then(|mut c| c.wait().map(|_| c.id()))
+        .unwrap_or(u32::MAX);
+    format!("{host}-{pid}-1")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,11 +276,8 @@ mod tests {
     #[test]
     fn this_writer_is_alive_and_a_dead_one_is_not() {
         assert_eq!(writer_alive(writer_id()), Some(true));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
+        assert_eq!(writer_alive(&dead_writer()), Some(false));
         let host = writer_id().split('-').next().unwrap();
-        assert_eq!(writer_alive(&format!("{host}-{pid}-1")), Some(false));
         if host != "deadbeef" {
             assert_eq!(writer_alive("deadbeef-1-1"), None, "another host's writer");
         }

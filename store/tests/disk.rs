@@ -174,16 +174,12 @@ fn another_geometry_is_refused_and_temporary_files_are_cleared() {
     }
     // A dead writer's leftover temporary file is never visible and is
     // cleared at open; a live writer's (this process's) stays.
-    let host = ucm_store::paths::writer_id()
-        .split('-')
-        .next()
-        .unwrap()
-        .to_string();
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
     let tmp = dir.path().join("tmp");
-    let leftover = tmp.join(format!("{}.{host}-{dead}-1.0.tmp", "ab".repeat(16)));
+    let leftover = tmp.join(format!(
+        "{}.{}.0.tmp",
+        "ab".repeat(16),
+        ucm_store::paths::dead_writer()
+    ));
     let live = tmp.join(format!(
         "{}.{}.7.tmp",
         "cd".repeat(16),

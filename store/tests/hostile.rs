@@ -123,16 +123,8 @@ fn cleanup_removes_only_dead_writers_regular_files() {
     drop(open(store.path()).unwrap());
     let tmp = store.path().join("tmp");
     let out = Outside::new();
-    let host = ucm_store::paths::writer_id()
-        .split('-')
-        .next()
-        .unwrap()
-        .to_string();
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead = child.id();
-    child.wait().unwrap();
     let name = |w: &str, n: u32| format!("{}.{w}.{n}.tmp", "ab".repeat(16));
-    let dead_w = format!("{host}-{dead}-1");
+    let dead_w = ucm_store::paths::dead_writer();
     // Each of these must survive the open; only `dead_file` goes.
     let dead_file = tmp.join(name(&dead_w, 0));
     fs::write(&dead_file, b"x").unwrap();
