@@ -18,10 +18,13 @@
 //! - **Speculative decoding**: a layer called several times in one step is
 //!   loaded once and saved once.
 //! - **Nothing is dropped**: failed load items are reported per engine
-//!   block (the engine recomputes them); a state that fails to load removes
-//!   its checkpoint from the directory and reports the request's first
-//!   blocks (a full recompute); failed saves are reported by
-//!   [`Worker::get_finished`] and counted.
+//!   block with their typed cause ([`LoadCause`]: a miss, or a
+//!   [`Failure`] with its kind and errno; the engine recomputes them); a
+//!   state that fails to load removes its checkpoint from the directory and
+//!   reports its slot and the request's first blocks (a full recompute);
+//!   a save that fails, or cannot even be submitted, is reported by
+//!   [`Worker::get_finished`] with its [`Failure`] and counted, and every
+//!   save submitted in a step is waited for by [`Worker::wait_for_save`].
 //! - **Graph-safe waits**: [`Worker::wait_for_layer_load_on`] makes a
 //!   stream wait for the unit's loads through a host function instead of
 //!   blocking the caller.
