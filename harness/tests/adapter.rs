@@ -322,3 +322,57 @@ fn a_spec_of_mixed_block_sizes_and_grids_runs_byte_exact() {
     assert!(b.checked > 0 && b.load_errors.is_empty());
     assert_eq!(b.served, b.matched);
 }
+
+/// A block the worker cannot address (no id for it: hashes of a shorter
+/// prompt) is reported, as a failed load of its engine block and as a
+/// failed save, never silently left out.
+#[test]
+fn a_block_without_an_id_is_reported_not_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut e = engine("all_union", tmp.path());
+    let t = tokens(12, 80);
+    run(&mut e, "a", &t);
+    let (m, alloc, _) = e.admit(&Request::new("b", t)).unwrap();
+    assert_eq!(m, 64);
+    let meta = e
+        .scheduler()
+        .build_meta(&[Scheduled {
+            req: "b".into(),
+            start: 64,
+            end: 80,
+        }])
+        .unwrap();
+    let attn = e.spec().group("attn").unwrap().index;
+    let mut r = meta.requests[0].clone();
+    let mut hashes = (*r.hashes).clone();
+    hashes.chains[attn][0].truncate(2);
+    r.hashes = Arc::new(hashes);
+    let meta = Arc::new(ucm_coordinator::adapter::ConnectorMeta {
+        step: meta.step,
+        requests: vec![r],
+    });
+    let w = &mut e.ranks()[0].worker;
+    w.start_load_kv(meta).unwrap();
+    for l in 0..8 {
+        w.wait_for_layer_load(l).unwrap();
+        w.save_kv_layer(l, None).unwrap();
+    }
+    w.wait_for_save().unwrap();
+    let errs = w.block_ids_with_load_errors();
+    let table = &alloc.blocks[&attn];
+    for i in [2usize, 3] {
+        assert!(
+            errs.iter().any(|x| x.group == attn
+                && x.engine_block == table[i]
+                && matches!(&x.cause, LoadCause::Failed(f) if f.kind == FailureKind::NotSubmitted)),
+            "block {i} not reported: {errs:?}"
+        );
+    }
+    let f = w.get_finished(&["b".into()]);
+    assert!(
+        f.save_failed
+            .iter()
+            .any(|(r, why)| r == "b" && why.kind == FailureKind::NotSubmitted),
+        "{f:?}"
+    );
+}

@@ -351,15 +351,17 @@ impl<D: Device> Worker<D> {
         ))
     }
 
-    /// The items of `r`'s blocks `range` of chain or sidecar unit `u`, and
-    /// their engine blocks.
+    /// The items of `r`'s blocks `range` of chain or sidecar unit `u`, their
+    /// engine blocks, and the blocks of the range that cannot be addressed
+    /// (no id or no engine block: never silently left out; the callers
+    /// report them), as their engine block where there is one.
     fn block_items(
         &self,
         u: &Unit,
         r: &ReqMeta,
         range: Range<usize>,
         reg: &LayerRegistration,
-    ) -> (Vec<TaskItem>, Vec<u32>) {
+    ) -> (Vec<TaskItem>, Vec<u32>, Vec<Option<u32>>) {
         let ids = self.ids(r, u.group);
         let table = r
             .alloc
@@ -369,8 +371,10 @@ impl<D: Device> Worker<D> {
             .unwrap_or(&[]);
         let mut items = Vec::new();
         let mut engine_blocks = Vec::new();
+        let mut unaddressable = Vec::new();
         for i in range {
             let (Some(id), Some(&eb)) = (ids.get(i), table.get(i)) else {
+                unaddressable.push(table.get(i).copied());
                 continue;
             };
             engine_blocks.push(eb);
@@ -381,7 +385,7 @@ impl<D: Device> Worker<D> {
                 offset: eb as usize * reg.stride,
             });
         }
-        (items, engine_blocks)
+        (items, engine_blocks, unaddressable)
     }
 
     fn reg(&self, u: &Unit) -> Result<&LayerRegistration> {
@@ -471,7 +475,17 @@ impl<D: Device> Worker<D> {
                 let stores = Arc::clone(&self.stores);
                 match (reg, stores.blocks(u.group)) {
                     (Ok(reg), Some(store)) => {
-                        let (mut items, mut engine_blocks) = self.block_items(u, r, range, &reg);
+                        let (mut items, mut engine_blocks, lost) =
+                            self.block_items(u, r, range, &reg);
+                        for eb in lost.into_iter().flatten() {
+                            let why = Failure::new(
+                                FailureKind::NotSubmitted,
+                                format!("request `{}`: a block without an id", r.id),
+                            );
+                            self.load_errors
+                                .entry((r.id.clone(), u.group, eb))
+                                .or_insert(LoadCause::Failed(why));
+                        }
                         self.sabotage_load(u.group, &mut items, &mut engine_blocks, reg.stride);
                         self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
                         let what = What::Blocks {
@@ -831,8 +845,25 @@ impl<D: Device> Worker<D> {
                     };
                     let (task, engine_blocks) = match (&reg, self.stores.blocks(u.group)) {
                         (Ok(reg), Some(store)) => {
-                            let (mut items, mut engine_blocks) =
+                            let (mut items, mut engine_blocks, lost) =
                                 self.block_items(&u, r, range.clone(), reg);
+                            if !lost.is_empty() {
+                                saves.push(Save {
+                                    req: ri,
+                                    what: What::Blocks {
+                                        group: u.group,
+                                        engine_blocks: lost.iter().flatten().copied().collect(),
+                                    },
+                                    task: Err(Failure::new(
+                                        FailureKind::NotSubmitted,
+                                        format!(
+                                            "request `{}`: {} blocks to save have no id or engine block",
+                                            r.id,
+                                            lost.len()
+                                        ),
+                                    )),
+                                });
+                            }
                             if self.cfg.sabotage == Some(Sabotage::SkipSave) && !items.is_empty() {
                                 items.remove(0);
                                 engine_blocks.remove(0);
