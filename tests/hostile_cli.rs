@@ -95,43 +95,26 @@ fn a_killed_runs_store_is_removed_by_the_next_run() {
         !scratch_dirs(dir.path()).is_empty(),
         "SIGKILL left its store (as expected)"
     );
-    let out = ucm()
-        .args([
-            "replay",
-            "--modes",
-            "recompute",
-            "--sessions",
-            "1",
-            "--turns",
-            "1",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = ucm()
-        .args([
-            "replay",
-            "--modes",
-            "ucm",
-            "--sessions",
-            "1",
-            "--turns",
-            "1",
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for mode in ["recompute", "ucm"] {
+        let out = ucm()
+            .args([
+                "replay",
+                "--modes",
+                mode,
+                "--sessions",
+                "1",
+                "--turns",
+                "1",
+                "--dir",
+            ])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     assert_eq!(scratch_dirs(dir.path()), Vec::<String>::new());
 }

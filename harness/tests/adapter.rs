@@ -26,6 +26,31 @@ fn clean(o: &Outcome) {
     assert!(o.lost.is_empty(), "{:?}", o.lost);
 }
 
+/// Stores an 80-token request "a", admits the same prompt as "b" (a hit of
+/// 64 tokens) and returns b's allocation and the metadata of its step
+/// `[64, 80)`, for tests that drive the worker's hooks by hand.
+fn second_request_step(
+    e: &mut Engine,
+    seed: u64,
+) -> (
+    Arc<ucm_coordinator::adapter::Allocation>,
+    Arc<ucm_coordinator::adapter::ConnectorMeta>,
+) {
+    let t = tokens(seed, 80);
+    run(e, "a", &t);
+    let (m, alloc, _) = e.admit(&Request::new("b", t)).unwrap();
+    assert_eq!(m, 64);
+    let meta = e
+        .scheduler()
+        .build_meta(&[Scheduled {
+            req: "b".into(),
+            start: 64,
+            end: 80,
+        }])
+        .unwrap();
+    (alloc, meta)
+}
+
 fn run(e: &mut Engine, id: &str, t: &[u32]) -> Outcome {
     let o = e.run(&Request::new(id, t.to_vec())).unwrap();
     clean(&o);
@@ -271,18 +296,7 @@ fn injected_save_and_load_failures_are_reported_with_their_kind() {
 fn graph_safe_wait_queues_on_the_stream() {
     let tmp = tempfile::tempdir().unwrap();
     let mut e = engine("all_union", tmp.path());
-    let t = tokens(10, 80);
-    run(&mut e, "a", &t);
-    let (m, _, _) = e.admit(&Request::new("b", t)).unwrap();
-    assert_eq!(m, 64);
-    let meta = e
-        .scheduler()
-        .build_meta(&[Scheduled {
-            req: "b".into(),
-            start: 64,
-            end: 80,
-        }])
-        .unwrap();
+    let (_, meta) = second_request_step(&mut e, 10);
     let dev = Arc::clone(e.device());
     let w = &mut e.ranks()[0].worker;
     let stream = dev.create_stream().unwrap();
@@ -330,18 +344,7 @@ fn a_spec_of_mixed_block_sizes_and_grids_runs_byte_exact() {
 fn a_block_without_an_id_is_reported_not_skipped() {
     let tmp = tempfile::tempdir().unwrap();
     let mut e = engine("all_union", tmp.path());
-    let t = tokens(12, 80);
-    run(&mut e, "a", &t);
-    let (m, alloc, _) = e.admit(&Request::new("b", t)).unwrap();
-    assert_eq!(m, 64);
-    let meta = e
-        .scheduler()
-        .build_meta(&[Scheduled {
-            req: "b".into(),
-            start: 64,
-            end: 80,
-        }])
-        .unwrap();
+    let (alloc, meta) = second_request_step(&mut e, 12);
     let attn = e.spec().group("attn").unwrap().index;
     let mut r = meta.requests[0].clone();
     let mut hashes = (*r.hashes).clone();

@@ -200,6 +200,14 @@ fn not_submitted(e: &CoordError) -> Failure {
     }
 }
 
+/// A task of group `g` that has no store instance to go to.
+fn no_store(g: &crate::spec::Group) -> Failure {
+    Failure::new(
+        FailureKind::NotSubmitted,
+        format!("group `{}` has no store", g.name),
+    )
+}
+
 /// The worker side, for one rank of one pipeline stage.
 pub struct Worker<D: Device> {
     spec: Arc<SpecTable>,
@@ -460,12 +468,7 @@ impl<D: Device> Worker<D> {
     ) -> Option<UnitLoad> {
         let g = &self.spec.groups()[u.group];
         let reg = self.reg(u).map_err(|e| not_submitted(&e)).cloned();
-        let no_store = || {
-            Failure::new(
-                FailureKind::NotSubmitted,
-                format!("group `{}` has no store", g.name),
-            )
-        };
+        let no_store = || no_store(g);
         let (what, task) = match g.kind {
             Kind::Chain | Kind::Sidecar => {
                 let range = self.load_range(u.group, p, have);
@@ -829,12 +832,7 @@ impl<D: Device> Worker<D> {
         let meta = Arc::clone(&step.meta);
         let reg = self.reg(&u).map_err(|e| not_submitted(&e)).cloned();
         let g = &self.spec.groups()[u.group];
-        let no_store = || {
-            Failure::new(
-                FailureKind::NotSubmitted,
-                format!("group `{}` has no store", g.name),
-            )
-        };
+        let no_store = || no_store(g);
         let mut saves = Vec::new();
         for (ri, r) in meta.requests.iter().enumerate() {
             match g.kind {
