@@ -1,29 +1,34 @@
 //! # ucm-ffi: foreign interfaces of UCM
 //!
-//! The C ABI (and, later, the Python module) through which inference
-//! engines embed UCM. Engine types never cross into the Rust API; bindings
-//! are thin shims over the coordinator's adapter.
-//!
-//! Status: skeleton. It exports the ABI version so bindings can check
-//! compatibility before anything else lands.
+//! How inference engines embed UCM: the C ABI ([`c_api`], header
+//! `ffi/include/ucm.h`) and the Python module `ucm` (feature `python`,
+//! built by maturin from `python/`). Both are thin shims over [`runtime`],
+//! which ties a spec table, its stores and checkpoint directory to the
+//! adapter's scheduler and worker sides; engine types never cross into the
+//! Rust API.
 
 #![deny(missing_docs)]
 
+pub mod c_api;
+pub mod error;
+pub mod hashing;
+pub mod metrics;
+#[cfg(feature = "python")]
+pub mod python;
+pub mod runtime;
+pub mod wire;
+
+pub use error::{FfiError, Result};
+pub use runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, WorkerSide};
 pub use ucm_coordinator as coordinator;
 
 /// Version of the C ABI. Bumped on every incompatible change.
-pub const ABI_VERSION: u32 = 1;
-
-/// Returns [`ABI_VERSION`]; the first call a binding makes.
-#[no_mangle]
-pub extern "C" fn ucm_abi_version() -> u32 {
-    ABI_VERSION
-}
+pub const ABI_VERSION: u32 = 2;
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn abi_version_is_exported() {
-        assert_eq!(super::ucm_abi_version(), super::ABI_VERSION);
+        assert_eq!(super::c_api::ucm_abi_version(), super::ABI_VERSION);
     }
 }

@@ -25,7 +25,7 @@ pub mod units;
 pub mod worker;
 
 pub use scheduler::{Allocation, ConnectorMeta, EngineRequest, ReqMeta, Scheduled, Scheduler};
-pub use stores::{StoreSet, StoreSetConfig};
+pub use stores::{GroupCounters, StoreSet, StoreSetConfig};
 pub use units::{Unit, UnitMap};
 pub use worker::{
     AdapterMetrics, Finished, LayerRegistration, LoadCause, LoadError, Sabotage, Worker,

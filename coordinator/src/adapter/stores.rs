@@ -69,6 +69,29 @@ pub fn shard_bytes(spec: &SpecTable, group: &Group) -> usize {
     (bytes.div_ceil(a) * a) as usize
 }
 
+/// A snapshot of one group instance's store counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupCounters {
+    /// Bytes of one shard of the instance.
+    pub shard_bytes: u64,
+    /// Shards loaded from the memory pool.
+    pub pool_hits: u64,
+    /// Shards read from disk.
+    pub disk_reads: u64,
+    /// Load items that no tier held.
+    pub misses: u64,
+    /// Items that failed (I/O, checksum, device).
+    pub failed_items: u64,
+    /// Blocks written to disk.
+    pub blocks_written: u64,
+    /// Blocks whose disk write failed for good.
+    pub write_failures: u64,
+    /// Block files deleted by GC.
+    pub disk_evictions: u64,
+    /// Shards that failed their checksum.
+    pub corrupt_shards: u64,
+}
+
 /// The stores of one model on device `D`.
 pub struct StoreSet<D: Device> {
     dir: PathBuf,
@@ -217,6 +240,25 @@ impl<D: Device> StoreSet<D> {
             disk += st.disk_reads.load(Relaxed) * shard;
         }
         (pool, disk)
+    }
+
+    /// The store counters of one group's instance (`None` for `none`
+    /// groups): what its tiers served, wrote and evicted.
+    pub fn group_counters(&self, group: usize) -> Option<GroupCounters> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = self.tier(group)?;
+        let (st, disk) = (t.stats(), t.disk().stats());
+        Some(GroupCounters {
+            shard_bytes: self.shard_bytes(group) as u64,
+            pool_hits: st.pool_hits.load(Relaxed),
+            disk_reads: st.disk_reads.load(Relaxed),
+            misses: st.misses.load(Relaxed),
+            failed_items: st.failed_items.load(Relaxed),
+            blocks_written: st.blocks_written.load(Relaxed),
+            write_failures: st.write_failures.load(Relaxed),
+            disk_evictions: disk.gc_deleted.load(Relaxed),
+            corrupt_shards: disk.corrupt_shards.load(Relaxed),
+        })
     }
 
     /// Refills a checkpoint directory from every snapshot store's

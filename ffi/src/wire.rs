@@ -1,0 +1,275 @@
+//! The step metadata on the wire: the scheduler side encodes a
+//! [`ConnectorMeta`] into bytes that an engine can pickle or send to its
+//! worker processes, and the worker side decodes them, checking every
+//! length and index against the spec table. Requests with nothing to load
+//! or save in the step are left out (a worker does nothing for them).
+//!
+//! Little-endian; a 4-byte magic and a version first.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta};
+use ucm_coordinator::hash::Id;
+use ucm_coordinator::{RequestHashes, SpecTable};
+
+use crate::error::{FfiError, Result};
+
+const MAGIC: &[u8; 4] = b"UCMM";
+const VERSION: u32 = 1;
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn len(&mut self, n: usize) {
+        self.u32(n as u32);
+    }
+    fn ids(&mut self, ids: &[Id]) {
+        self.len(ids.len());
+        for id in ids {
+            self.0.extend_from_slice(id);
+        }
+    }
+}
+
+/// Whether a request does anything on the workers this step.
+fn has_work(r: &ReqMeta) -> bool {
+    r.load.is_some() || r.save_blocks.iter().any(|(_, b)| !b.is_empty()) || !r.save_states.is_empty()
+}
+
+/// Encodes a step's metadata.
+pub fn encode(meta: &ConnectorMeta) -> Vec<u8> {
+    let mut w = Writer(Vec::new());
+    w.0.extend_from_slice(MAGIC);
+    w.u32(VERSION);
+    w.u64(meta.step);
+    let reqs: Vec<&ReqMeta> = meta.requests.iter().filter(|r| has_work(r)).collect();
+    w.len(reqs.len());
+    for r in reqs {
+        w.len(r.id.len());
+        w.0.extend_from_slice(r.id.as_bytes());
+        w.len(r.tokens.len());
+        for t in r.tokens.iter() {
+            w.u32(*t);
+        }
+        w.len(r.hashes.chains.len());
+        for per_rank in &r.hashes.chains {
+            w.len(per_rank.len());
+            for ids in per_rank {
+                w.ids(ids);
+            }
+        }
+        w.len(r.hashes.seeds.len());
+        for seeds in &r.hashes.seeds {
+            w.ids(seeds);
+        }
+        let mut blocks: Vec<_> = r.alloc.blocks.iter().collect();
+        blocks.sort_by_key(|(g, _)| **g);
+        w.len(blocks.len());
+        for (g, b) in blocks {
+            w.len(*g);
+            w.len(b.len());
+            for x in b {
+                w.u32(*x);
+            }
+        }
+        let mut slots: Vec<_> = r.alloc.state_slots.iter().collect();
+        slots.sort_by_key(|(g, _)| **g);
+        w.len(slots.len());
+        for (g, s) in slots {
+            w.len(*g);
+            w.u32(*s);
+        }
+        match r.load {
+            Some((p, have)) => {
+                w.u8(1);
+                w.u64(p);
+                w.u64(have);
+            }
+            None => w.u8(0),
+        }
+        w.len(r.save_blocks.len());
+        for (g, range) in &r.save_blocks {
+            w.len(*g);
+            w.u64(range.start as u64);
+            w.u64(range.end as u64);
+        }
+        w.len(r.save_states.len());
+        for (g, p) in &r.save_states {
+            w.len(*g);
+            w.u64(*p);
+        }
+    }
+    w.0
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+fn bad(why: impl Into<String>) -> FfiError {
+    FfiError::Invalid(format!("step metadata: {}", why.into()))
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| bad(format!("truncated at byte {}", self.at)))?;
+        let s = &self.buf[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    /// A count of items of at least `item` bytes each: never more than the
+    /// bytes left could hold, so a corrupt count cannot allocate.
+    fn count(&mut self, item: usize) -> Result<usize> {
+        let n = self.u32()? as usize;
+        let left = self.buf.len() - self.at;
+        if n.saturating_mul(item.max(1)) > left {
+            return Err(bad(format!("a count of {n} exceeds the {left} bytes left")));
+        }
+        Ok(n)
+    }
+    fn group(&mut self, spec: &SpecTable) -> Result<usize> {
+        let g = self.u32()? as usize;
+        if g >= spec.groups().len() {
+            return Err(bad(format!("group {g} is not in the spec table")));
+        }
+        Ok(g)
+    }
+    fn ids(&mut self) -> Result<Vec<Id>> {
+        let n = self.count(16)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut id = [0u8; 16];
+            id.copy_from_slice(self.take(16)?);
+            v.push(id);
+        }
+        Ok(v)
+    }
+}
+
+/// Decodes a step's metadata for `spec`.
+pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
+    let mut r = Reader { buf, at: 0 };
+    if r.take(4)? != MAGIC {
+        return Err(bad("not UCM step metadata (bad magic)"));
+    }
+    let v = r.u32()?;
+    if v != VERSION {
+        return Err(bad(format!("version {v}, this build reads {VERSION}")));
+    }
+    let step = r.u64()?;
+    let n = r.count(8)?;
+    let groups = spec.groups().len();
+    let mut requests = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = r.count(1)?;
+        let id = std::str::from_utf8(r.take(len)?)
+            .map_err(|_| bad("a request id is not UTF-8"))?
+            .to_owned();
+        let nt = r.count(4)?;
+        let mut tokens = Vec::with_capacity(nt);
+        for _ in 0..nt {
+            tokens.push(r.u32()?);
+        }
+        let ng = r.count(4)?;
+        if ng != groups {
+            return Err(bad(format!("hashes of {ng} groups for a spec of {groups}")));
+        }
+        let mut chains = Vec::with_capacity(ng);
+        for _ in 0..ng {
+            let nr = r.count(4)?;
+            let mut per_rank = Vec::with_capacity(nr);
+            for _ in 0..nr {
+                per_rank.push(r.ids()?);
+            }
+            chains.push(per_rank);
+        }
+        let ns = r.count(4)?;
+        if ns != groups {
+            return Err(bad(format!("seeds of {ns} groups for a spec of {groups}")));
+        }
+        let mut seeds = Vec::with_capacity(ns);
+        for _ in 0..ns {
+            seeds.push(r.ids()?);
+        }
+        let mut alloc = Allocation::default();
+        for _ in 0..r.count(8)? {
+            let g = r.group(spec)?;
+            let nb = r.count(4)?;
+            let mut b = Vec::with_capacity(nb);
+            for _ in 0..nb {
+                b.push(r.u32()?);
+            }
+            alloc.blocks.insert(g, b);
+        }
+        let mut slots = HashMap::new();
+        for _ in 0..r.count(8)? {
+            let g = r.group(spec)?;
+            slots.insert(g, r.u32()?);
+        }
+        alloc.state_slots = slots;
+        let load = match r.u8()? {
+            0 => None,
+            1 => Some((r.u64()?, r.u64()?)),
+            f => return Err(bad(format!("load flag {f}"))),
+        };
+        let mut save_blocks = Vec::new();
+        for _ in 0..r.count(20)? {
+            let g = r.group(spec)?;
+            let (a, b) = (r.u64()? as usize, r.u64()? as usize);
+            if a > b || b > tokens.len() {
+                return Err(bad(format!("save range {a}..{b} of request `{id}`")));
+            }
+            save_blocks.push((g, a..b));
+        }
+        let mut save_states = Vec::new();
+        for _ in 0..r.count(12)? {
+            let g = r.group(spec)?;
+            let p = r.u64()?;
+            if p > tokens.len() as u64 {
+                return Err(bad(format!("save position {p} past request `{id}`")));
+            }
+            save_states.push((g, p));
+        }
+        requests.push(ReqMeta {
+            id,
+            tokens: Arc::new(tokens),
+            hashes: Arc::new(RequestHashes { chains, seeds }),
+            alloc: Arc::new(alloc),
+            load,
+            save_blocks,
+            save_states,
+        });
+    }
+    if r.at != buf.len() {
+        return Err(bad(format!("{} trailing bytes", buf.len() - r.at)));
+    }
+    Ok(Arc::new(ConnectorMeta { step, requests }))
+}

@@ -1,0 +1,143 @@
+//! Compiles `tests/c/abi_test.c` with `cc` against the shared library and
+//! runs it: create and destroy, the golden hash vectors (the C program
+//! prints what the ABI computes; this test compares it with
+//! `coordinator/tests/golden/hash-vectors.json`), a save then load round
+//! trip through the worker on host memory, and bad arguments.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// `target/<profile>/deps`, where cargo builds `libucm_ffi.so` for this
+/// test (the copy one level up is refreshed only by `cargo build`).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    exe.parent().expect("target/<profile>/deps").to_path_buf()
+}
+
+fn build(out: &Path) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = lib_dir();
+    assert!(
+        lib.join("libucm_ffi.so").exists(),
+        "libucm_ffi.so not in {}",
+        lib.display()
+    );
+    let exe = out.join("abi_test");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-D_DEFAULT_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-O1",
+        ])
+        .arg("-I")
+        .arg(manifest.join("include"))
+        .arg(manifest.join("tests/c/abi_test.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lucm_ffi")
+        .status()
+        .unwrap_or_else(|e| panic!("{cc}: {e}"));
+    assert!(st.success(), "compiling abi_test.c failed");
+    exe
+}
+
+fn run(exe: &Path, args: &[String]) -> String {
+    // cargo puts target/<profile> (whose copy of the library may be stale)
+    // on LD_LIBRARY_PATH, which wins over a runpath: name the fresh one.
+    let out = Command::new(exe)
+        .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .output()
+        .expect("run abi_test");
+    assert!(
+        out.status.success(),
+        "abi_test {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+#[test]
+fn c_program_round_trips_checks_arguments_and_matches_golden_hashes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    run(
+        &exe,
+        &[
+            "roundtrip".into(),
+            dir.path().join("rt").display().to_string(),
+        ],
+    );
+    run(
+        &exe,
+        &[
+            "badargs".into(),
+            dir.path().join("bad").display().to_string(),
+        ],
+    );
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("coordinator/tests/golden/hash-vectors.json"))
+            .expect("golden vectors"),
+    )
+    .expect("json");
+    let mut checked = 0;
+    for v in golden["vectors"].as_array().expect("vectors") {
+        let spec = root.join(v["spec"].as_str().expect("spec"));
+        let salt = v["cache_salt"].as_str().unwrap_or("-").to_string();
+        let extra = v["extra_keys_hex"]
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(Value::as_str)
+            .unwrap_or("-")
+            .to_string();
+        let mut args = vec![
+            "hash".to_string(),
+            spec.display().to_string(),
+            v["tp_size"].to_string(),
+            salt,
+            extra,
+        ];
+        let mut expect = Vec::new();
+        for (g, ranks) in v["blocks"].as_object().expect("blocks") {
+            for (r, ids) in ranks.as_object().expect("ranks") {
+                let item = format!("b:{g}:{r}");
+                let hexes: Vec<&str> = ids
+                    .as_array()
+                    .expect("ids")
+                    .iter()
+                    .map(|x| x.as_str().expect("hex"))
+                    .collect();
+                expect.push(format!("{item} {}", hexes.join(" ")).trim_end().to_string());
+                args.push(item);
+            }
+        }
+        for (g, ranks) in v["checkpoints"].as_object().expect("checkpoints") {
+            for (r, at) in ranks.as_object().expect("ranks") {
+                for (p, h) in at.as_object().expect("positions") {
+                    let item = format!("c:{g}:{r}:{p}");
+                    expect.push(format!("{item} {}", h.as_str().expect("hex")));
+                    args.push(item);
+                }
+            }
+        }
+        let got = run(&exe, &args);
+        let got: Vec<&str> = got.lines().map(str::trim_end).collect();
+        assert_eq!(got.len(), expect.len(), "one line per item");
+        for (g, e) in got.iter().zip(&expect) {
+            assert_eq!(g, e, "the C ABI disagrees with the golden vector");
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "only {checked} golden items checked");
+}
