@@ -403,6 +403,18 @@ int32_t ucm_scheduler_update_after_alloc(const struct ucm_scheduler_t *s,
                                          uint64_t num_external_tokens);
 
 /**
+ * The engine's placement of a request grew (blocks allocated after its
+ * first step): later saves use it.
+ *
+ * # Safety
+ * Every pointer as its type says; each `blocks` array of `n_blocks`.
+ */
+int32_t ucm_scheduler_update_allocation(const struct ucm_scheduler_t *s,
+                                        const char *req_id,
+                                        const struct ucm_group_alloc_t *groups,
+                                        size_t n_groups);
+
+/**
  * The metadata of a step computing `chunks`.
  *
  * # Safety

@@ -516,7 +516,8 @@ pub unsafe extern "C" fn ucm_cache_open(
         }
         if o.pool_bytes > 0 {
             co.store.pool_bytes = Some(
-                usize::try_from(o.pool_bytes).map_err(|_| invalid("`opts.pool_bytes` too large"))?,
+                usize::try_from(o.pool_bytes)
+                    .map_err(|_| invalid("`opts.pool_bytes` too large"))?,
             );
         }
         if o.disk_blocks > 0 {
@@ -666,29 +667,66 @@ pub unsafe extern "C" fn ucm_scheduler_update_after_alloc(
             )
         };
         let mut side = lock(&s.0);
-        let num_groups = side.cache().spec().groups().len();
-        let mut alloc = Allocation::default();
-        for (i, g) in gs.iter().enumerate() {
-            if g.group as usize >= num_groups {
-                return Err(invalid(format!(
-                    "groups[{i}]: group {} of a spec of {num_groups}",
-                    g.group
-                )));
-            }
-            // SAFETY: the caller's contract.
-            let b = unsafe { slice_arg(g.blocks, g.n_blocks, &format!("groups[{i}].blocks")) }?;
-            if !b.is_empty() {
-                alloc.blocks.insert(g.group as usize, b.to_vec());
-            }
-            match g.state_slot {
-                -1 => {}
-                s if (0..=u32::MAX as i64).contains(&s) => {
-                    alloc.state_slots.insert(g.group as usize, s as u32);
-                }
-                s => return Err(invalid(format!("groups[{i}]: state slot {s}"))),
-            }
-        }
+        // SAFETY: the caller's contract.
+        let alloc = unsafe { alloc_arg(side.cache().spec().groups().len(), gs) }?;
         side.update_state_after_alloc(id, alloc, num_external_tokens)
+    })
+}
+
+/// An allocation from its C form.
+///
+/// # Safety
+/// Each item's `blocks` points to `n_blocks` items.
+unsafe fn alloc_arg(num_groups: usize, gs: &[UcmGroupAlloc]) -> Result<Allocation> {
+    let mut alloc = Allocation::default();
+    for (i, g) in gs.iter().enumerate() {
+        if g.group as usize >= num_groups {
+            return Err(invalid(format!(
+                "groups[{i}]: group {} of a spec of {num_groups}",
+                g.group
+            )));
+        }
+        // SAFETY: the caller's contract.
+        let b = unsafe { slice_arg(g.blocks, g.n_blocks, &format!("groups[{i}].blocks")) }?;
+        if !b.is_empty() {
+            alloc.blocks.insert(g.group as usize, b.to_vec());
+        }
+        match g.state_slot {
+            -1 => {}
+            s if (0..=u32::MAX as i64).contains(&s) => {
+                alloc.state_slots.insert(g.group as usize, s as u32);
+            }
+            s => return Err(invalid(format!("groups[{i}]: state slot {s}"))),
+        }
+    }
+    Ok(alloc)
+}
+
+/// The engine's placement of a request grew (blocks allocated after its
+/// first step): later saves use it.
+///
+/// # Safety
+/// Every pointer as its type says; each `blocks` array of `n_blocks`.
+#[no_mangle]
+pub unsafe extern "C" fn ucm_scheduler_update_allocation(
+    s: *const UcmScheduler,
+    req_id: *const c_char,
+    groups: *const UcmGroupAlloc,
+    n_groups: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: the caller's contract, for each argument.
+        let (s, id, gs) = unsafe {
+            (
+                handle(s, "scheduler")?,
+                str_arg(req_id, "req_id")?,
+                slice_arg(groups, n_groups, "groups")?,
+            )
+        };
+        let mut side = lock(&s.0);
+        // SAFETY: the caller's contract.
+        let alloc = unsafe { alloc_arg(side.cache().spec().groups().len(), gs) }?;
+        side.update_allocation(id, alloc)
     })
 }
 
@@ -705,7 +743,12 @@ pub unsafe extern "C" fn ucm_scheduler_build_meta(
 ) -> i32 {
     guard(|| {
         // SAFETY: the caller's contract.
-        let (s, cs) = unsafe { (handle(s, "scheduler")?, slice_arg(chunks, n_chunks, "chunks")?) };
+        let (s, cs) = unsafe {
+            (
+                handle(s, "scheduler")?,
+                slice_arg(chunks, n_chunks, "chunks")?,
+            )
+        };
         let mut v = Vec::with_capacity(cs.len());
         for (i, c) in cs.iter().enumerate() {
             v.push(Scheduled {
@@ -791,7 +834,8 @@ pub unsafe extern "C" fn ucm_worker_new(
     guard(|| {
         // SAFETY: the caller's contract.
         let (c, d) = unsafe { (handle(cache, "cache")?, str_arg(device, "device")?) };
-        let side = c.0.worker(Backend::parse(d)?, rank, stage_start..stage_end)?;
+        let side =
+            c.0.worker(Backend::parse(d)?, rank, stage_start..stage_end)?;
         let w = UcmWorker(Mutex::new(WorkerState {
             side,
             pending_errors: Vec::new(),
@@ -831,7 +875,12 @@ pub unsafe extern "C" fn ucm_worker_register(
 ) -> i32 {
     guard(|| {
         // SAFETY: the caller's contract.
-        let (w, rs) = unsafe { (handle(w, "worker")?, slice_arg(regions, n_regions, "regions")?) };
+        let (w, rs) = unsafe {
+            (
+                handle(w, "worker")?,
+                slice_arg(regions, n_regions, "regions")?,
+            )
+        };
         let raw: Vec<RawRegion> = rs
             .iter()
             .map(|r| RawRegion {

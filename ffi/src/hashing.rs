@@ -65,5 +65,11 @@ pub fn checkpoint(
         .get(r)
         .ok_or_else(|| FfiError::Invalid(format!("no seed for rank {r}")))?;
     let ids = h.chains[g].get(r).map(Vec::as_slice).unwrap_or(&[]);
-    Ok(checkpoint_hash(seed, ids, tokens, grp.hash_block, position)?)
+    Ok(checkpoint_hash(
+        seed,
+        ids,
+        tokens,
+        grp.hash_block,
+        position,
+    )?)
 }

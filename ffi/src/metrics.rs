@@ -168,14 +168,22 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE {name} counter");
             let _ = writeln!(out, "{name} {v}");
         };
-        counter(&mut out, "ucm_lookups_total", "Prompts looked up.", self.lookups.load(Relaxed));
+        counter(
+            &mut out,
+            "ucm_lookups_total",
+            "Prompts looked up.",
+            self.lookups.load(Relaxed),
+        );
         counter(
             &mut out,
             "ucm_lookup_hits_total",
             "Lookups that served at least one token.",
             self.lookup_hits.load(Relaxed),
         );
-        let _ = writeln!(out, "# HELP ucm_hit_tokens_total Prompt tokens served, per group.");
+        let _ = writeln!(
+            out,
+            "# HELP ucm_hit_tokens_total Prompt tokens served, per group."
+        );
         let _ = writeln!(out, "# TYPE ucm_hit_tokens_total counter");
         for g in &self.groups {
             let _ = writeln!(
@@ -223,21 +231,39 @@ impl Metrics {
             self.failed_saves.load(Relaxed),
         );
         let per_group: [StoreCounter; 7] = [
-            ("ucm_pool_read_bytes_total", "Bytes loaded from the memory pool.", |c| {
-                c.pool_hits * c.shard_bytes
+            (
+                "ucm_pool_read_bytes_total",
+                "Bytes loaded from the memory pool.",
+                |c| c.pool_hits * c.shard_bytes,
+            ),
+            (
+                "ucm_disk_read_bytes_total",
+                "Bytes read from the disk tier.",
+                |c| c.disk_reads * c.shard_bytes,
+            ),
+            ("ucm_store_misses_total", "Load items no tier held.", |c| {
+                c.misses
             }),
-            ("ucm_disk_read_bytes_total", "Bytes read from the disk tier.", |c| {
-                c.disk_reads * c.shard_bytes
-            }),
-            ("ucm_store_misses_total", "Load items no tier held.", |c| c.misses),
-            ("ucm_store_failed_items_total", "Store items that failed.", |c| c.failed_items),
-            ("ucm_disk_blocks_written_total", "Blocks written to disk.", |c| c.blocks_written),
-            ("ucm_disk_write_failures_total", "Block writes that failed for good.", |c| {
-                c.write_failures
-            }),
-            ("ucm_evictions_total", "Block files deleted by the disk tier's GC.", |c| {
-                c.disk_evictions
-            }),
+            (
+                "ucm_store_failed_items_total",
+                "Store items that failed.",
+                |c| c.failed_items,
+            ),
+            (
+                "ucm_disk_blocks_written_total",
+                "Blocks written to disk.",
+                |c| c.blocks_written,
+            ),
+            (
+                "ucm_disk_write_failures_total",
+                "Block writes that failed for good.",
+                |c| c.write_failures,
+            ),
+            (
+                "ucm_evictions_total",
+                "Block files deleted by the disk tier's GC.",
+                |c| c.disk_evictions,
+            ),
         ];
         for (name, help, f) in per_group {
             let _ = writeln!(out, "# HELP {name} {help}");

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use ucm_coordinator::adapter::{
-    Allocation, ConnectorMeta, EngineRequest, Finished, GroupCounters, LayerRegistration, LoadError, Scheduled,
-    Scheduler, StoreSet, StoreSetConfig, UnitMap, Worker, WorkerConfig,
+    Allocation, ConnectorMeta, EngineRequest, Finished, GroupCounters, LayerRegistration,
+    LoadError, Scheduled, Scheduler, StoreSet, StoreSetConfig, UnitMap, Worker, WorkerConfig,
 };
 use ucm_coordinator::hash::Id;
 use ucm_coordinator::{
@@ -408,6 +408,11 @@ impl SchedulerSide {
             .update_state_after_alloc(req_id, alloc, num_external_tokens)?)
     }
 
+    /// The engine's placement of the request grew: later saves use it.
+    pub fn update_allocation(&mut self, req_id: &str, alloc: Allocation) -> Result<()> {
+        Ok(self.inner.update_allocation(req_id, alloc)?)
+    }
+
     /// The metadata of a step that computes `chunks`.
     pub fn build_meta(&mut self, chunks: &[Scheduled]) -> Result<Arc<ConnectorMeta>> {
         Ok(self.inner.build_meta(chunks)?)
@@ -439,7 +444,10 @@ impl SchedulerSide {
 enum AnyWorker {
     Host(Worker<HostDevice>, Arc<HostDevice>),
     #[cfg(feature = "cuda")]
-    Cuda(Worker<ucm_device::accel::cuda::CudaDevice>, Arc<ucm_device::accel::cuda::CudaDevice>),
+    Cuda(
+        Worker<ucm_device::accel::cuda::CudaDevice>,
+        Arc<ucm_device::accel::cuda::CudaDevice>,
+    ),
 }
 
 macro_rules! each {

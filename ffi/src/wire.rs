@@ -43,7 +43,9 @@ impl Writer {
 
 /// Whether a request does anything on the workers this step.
 fn has_work(r: &ReqMeta) -> bool {
-    r.load.is_some() || r.save_blocks.iter().any(|(_, b)| !b.is_empty()) || !r.save_states.is_empty()
+    r.load.is_some()
+        || r.save_blocks.iter().any(|(_, b)| !b.is_empty())
+        || !r.save_states.is_empty()
 }
 
 /// Encodes a step's metadata.

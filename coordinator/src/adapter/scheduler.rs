@@ -223,6 +223,12 @@ impl<P: Presence> Scheduler<P> {
     /// Records where the engine placed the request's blocks and how many
     /// external tokens it will take (`0`: it recomputes everything beyond
     /// its own cache).
+    ///
+    /// The allocation must hold at least the blocks a load writes (those
+    /// below `p*`) and the state slots; an engine that allocates the rest
+    /// of the prompt later (chunked prefill, an asynchronous load) reports
+    /// it through [`Scheduler::update_allocation`]. Saves never run past
+    /// the blocks allocated so far: they resume when the allocation grows.
     pub fn update_state_after_alloc(
         &mut self,
         req_id: &str,
@@ -240,8 +246,8 @@ impl<P: Presence> Scheduler<P> {
         }
         for g in spec.groups() {
             let need = match g.kind {
-                Kind::Chain | Kind::Sidecar => {
-                    st.req.tokens.len() / spec.block_of(g.index).max(1) as usize
+                Kind::Chain | Kind::Sidecar if num_external_tokens > 0 => {
+                    (st.p_star / spec.block_of(g.index).max(1)) as usize
                 }
                 _ => 0,
             };
@@ -268,6 +274,20 @@ impl<P: Presence> Scheduler<P> {
                 let b = spec.block_of(g.index).max(1);
                 st.saved_to.insert(g.index, (st.p_star / b) as usize);
             }
+        }
+        st.alloc = Some(Arc::new(alloc));
+        Ok(())
+    }
+
+    /// The engine's placement of a request grew (or moved, after a
+    /// preemption): later saves use `alloc`. The resolution and a pending
+    /// load are kept.
+    pub fn update_allocation(&mut self, req_id: &str, alloc: Allocation) -> Result<()> {
+        let st = self.state(req_id)?;
+        if st.alloc.is_none() {
+            return Err(CoordError::BadRequest(format!(
+                "request `{req_id}`: update_state_after_alloc was not called"
+            )));
         }
         st.alloc = Some(Arc::new(alloc));
         Ok(())
@@ -301,7 +321,8 @@ impl<P: Presence> Scheduler<P> {
                 }
                 let b = spec.block_of(g.index).max(1);
                 let from = st.saved_to.get(&g.index).copied().unwrap_or(0);
-                let to = (c.end / b) as usize;
+                let allocated = alloc.blocks.get(&g.index).map_or(0, Vec::len);
+                let to = ((c.end / b) as usize).min(allocated);
                 if to > from {
                     save_blocks.push((g.index, from..to));
                     st.saved_to.insert(g.index, to);

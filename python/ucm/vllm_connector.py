@@ -1,0 +1,426 @@
+"""UCM as a vLLM KV connector (``KVConnectorBase_V1`` with ``SupportsHMA``,
+so vLLM keeps its hybrid allocator on).
+
+Use::
+
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+    llm = LLM(model=..., kv_transfer_config=KVTransferConfig(
+        kv_connector="UcmConnector", kv_connector_module_path="ucm.vllm_connector",
+        kv_role="kv_both", kv_connector_extra_config={"dir": "/var/lib/ucm"}))
+
+``kv_connector_extra_config`` keys: ``dir`` (the store directory; or the
+``UCM_DIR`` environment variable), ``spec`` (a spec file replacing the one
+derived from vLLM's ``KVCacheConfig``), ``model_id`` (the model's name in
+the hashes; default: vLLM's model path), ``pool_bytes``, ``disk_blocks``,
+``lookahead``, and, for tests only, ``sabotage``.
+
+Every hook calls the Rust adapter. The scheduler side resolves hits and
+builds each step's metadata (bytes, so it can cross to worker processes);
+the worker side loads before each attention layer and saves after it.
+Layers without hooks (Mamba) load when the step starts and save when it
+ends. Loads are synchronous: they complete within the step, and a failed
+load is reported through ``get_block_ids_with_load_errors`` so vLLM
+recomputes it; a save is out of the engine's memory when ``wait_for_save``
+returns, so vLLM may free a finished request's blocks at once.
+
+Limits of this version: every prompt block must be allocated in the
+request's first step (chunked prefill of one prompt over several steps is
+refused with an error), a preempted request is not re-planned, and blocks
+produced by decoding are not saved (the prompt's are).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+import ucm
+from ucm.vllm_layout import page_view, plan_from_kv_cache_config
+
+logger = logging.getLogger("ucm.vllm")
+
+_CACHES: dict[tuple, Any] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def shared_cache(spec_toml: str, directory: str, tp_size: int, opts: dict) -> Any:
+    """One ``ucm.Cache`` per spec and directory in this process, shared by
+    the scheduler-side and worker-side connectors."""
+    key = (spec_toml, os.path.realpath(directory), tp_size)
+    with _CACHES_LOCK:
+        c = _CACHES.get(key)
+        if c is None:
+            os.makedirs(directory, exist_ok=True)
+            c = ucm.Cache(
+                ucm.SpecTable.from_toml(spec_toml),
+                directory,
+                tp_size=tp_size,
+                pool_bytes=int(opts.get("pool_bytes", 256 << 20)),
+                disk_blocks=int(opts.get("disk_blocks", 1 << 20)),
+                lookahead=int(opts.get("lookahead", 2)),
+            )
+            _CACHES[key] = c
+        return c
+
+
+def metrics_text() -> str:
+    """The Prometheus text of every UCM cache in this process."""
+    with _CACHES_LOCK:
+        return "".join(c.metrics_text() for c in _CACHES.values())
+
+
+class UcmConnectorMetadata(KVConnectorMetadata):
+    """One step's metadata: the adapter's encoded step, and (for the
+    sabotage switch only) the engine blocks each chain group loads."""
+
+    def __init__(self, payload: bytes, loads: dict[int, list[int]]):
+        self.payload = payload
+        self.loads = loads
+
+
+class UcmConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM's connector contract over UCM's Rust adapter."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        directory = extra.get("dir") or os.environ.get("UCM_DIR")
+        if not directory:
+            raise ValueError(
+                "ucm: set kv_connector_extra_config['dir'] (or UCM_DIR) to the store directory"
+            )
+        if kv_cache_config is None:
+            raise ValueError("ucm: this vLLM did not pass a KVCacheConfig to the connector")
+        tp = int(vllm_config.parallel_config.tensor_parallel_size)
+        model = str(extra.get("model_id") or vllm_config.model_config.model)
+        self._plan = plan_from_kv_cache_config(kv_cache_config, model, tp)
+        toml = self._plan.toml
+        if extra.get("spec"):
+            with open(extra["spec"], encoding="utf-8") as f:
+                toml = f.read()
+        self._cache = shared_cache(toml, directory, tp, extra)
+        mode = extra.get("load_mode", "auto")
+        if mode not in ("auto", "sync", "async"):
+            raise ValueError(f"ucm: load_mode `{mode}` (auto, sync or async)")
+        # vLLM recovers from block-level load failures of sync loads only
+        # with one KV-cache group; a hybrid model's failed load is reported
+        # per request, which vLLM takes for asynchronous loads only.
+        self._async = mode == "async" or (
+            mode == "auto" and len(kv_cache_config.kv_cache_groups) > 1
+        )
+        self._load_errors: list = []
+        self._sabotage = extra.get("sabotage")
+        if self._sabotage not in (None, "garble_loads"):
+            raise ValueError(f"ucm: unknown sabotage `{self._sabotage}`")
+        # Scheduler side.
+        self._sched = None
+        self._reqs: dict[str, dict] = {}
+        # Worker side.
+        self._worker = None
+        self._kv: dict[int, Any] = {}
+        self._hookless: list[int] = []
+        self._started = None
+        self._saved: set[int] = set()
+        self._pending_finished: set[str] = set()
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = self._cache.scheduler()
+        else:
+            rank = 0
+            if tp > 1:
+                from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+                rank = get_tensor_model_parallel_rank()
+            self._worker = self._cache.worker(rank=rank)
+        logger.info("ucm: %s side on %s, spec:\n%s", role, directory, toml)
+
+    # ---- scheduler side -------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        tokens = list(request.prompt_token_ids or [])
+        if not tokens:
+            return 0, False
+        n = self._sched.get_num_new_matched_tokens(
+            request.request_id,
+            tokens,
+            int(num_computed_tokens),
+            cache_salt=getattr(request, "cache_salt", None),
+        )
+        self._reqs[request.request_id] = {
+            "n": len(tokens),
+            "have": int(num_computed_tokens),
+            "hit": int(n),
+        }
+        return int(n), bool(self._async and n > 0)
+
+    def _placement(self, ids) -> tuple[dict[int, list[int]], dict[int, int]]:
+        chain: dict[int, list[int]] = {}
+        slots: dict[int, int] = {}
+        for sg, g in enumerate(self._plan.groups):
+            b = list(ids[g.vllm_index]) if g.vllm_index < len(ids) else []
+            if g.kind == "chain":
+                chain[sg] = b
+            elif b:
+                # The request's state lives in its last block of the group.
+                slots[sg] = b[-1]
+        return chain, slots
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            return
+        chain, slots = self._placement(blocks.get_block_ids())
+        if "blocks" in st:
+            # The second call of an asynchronous load: the rest of the prompt.
+            self._sched.update_allocation(request.request_id, chain, slots)
+        else:
+            self._sched.update_state_after_alloc(
+                request.request_id, chain, slots, int(num_external_tokens)
+            )
+            st["ext"] = int(num_external_tokens)
+            st["async_load"] = self._async and num_external_tokens > 0
+        st["blocks"] = chain
+        st["slots"] = slots
+
+    def build_connector_meta(self, scheduler_output):
+        chunks = []
+        loads: dict[int, list[int]] = {}
+        sched = scheduler_output.num_scheduled_tokens
+
+        def grow(req_id, ids, replace):
+            st = self._reqs.get(req_id)
+            if st is None or "blocks" not in st or ids is None:
+                return
+            if replace:
+                chain, slots = self._placement(ids)
+            else:
+                chain = {sg: list(b) for sg, b in st["blocks"].items()}
+                add, slots = self._placement(ids)
+                for sg, b in add.items():
+                    chain.setdefault(sg, []).extend(b)
+                slots = {**st["slots"], **slots}
+            if chain != st["blocks"] or slots != st["slots"]:
+                self._sched.update_allocation(req_id, chain, slots)
+                st["blocks"], st["slots"] = chain, slots
+
+        def chunk(req_id, start):
+            st = self._reqs.get(req_id)
+            if st is None or "blocks" not in st:
+                return
+            end = min(start + int(sched.get(req_id, 0)), st["n"])
+            if start < end:
+                chunks.append((req_id, int(start), int(end)))
+            if st.pop("ext", 0) > 0 and self._sabotage and not self._async:
+                for sg, g in enumerate(self._plan.groups):
+                    if g.kind == "chain":
+                        lo = st["have"] // g.block_size
+                        hi = (st["have"] + st["hit"]) // g.block_size
+                        loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
+
+        for r in scheduler_output.scheduled_new_reqs:
+            grow(r.req_id, r.block_ids, True)
+            chunk(r.req_id, r.num_computed_tokens)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            grow(rid, cached.new_block_ids[i], rid in cached.resumed_req_ids)
+            chunk(rid, cached.num_computed_tokens[i])
+        # Asynchronous loads: the request is not computed in this step; its
+        # load runs now, and it is reported through get_finished.
+        for rid, st in self._reqs.items():
+            if st.pop("async_load", False):
+                p = st["have"] + st["hit"]
+                chunks.append((rid, p, p))
+                if self._sabotage:
+                    for sg, g in enumerate(self._plan.groups):
+                        if g.kind == "chain":
+                            lo, hi = st["have"] // g.block_size, p // g.block_size
+                            loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
+        payload = self._sched.build_meta(chunks)
+        return UcmConnectorMetadata(payload, loads)
+
+    def request_finished(self, request, block_ids):
+        self._finish(request.request_id)
+        return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        self._finish(request.request_id)
+        return False, None
+
+    def _finish(self, req_id):
+        self._reqs.pop(req_id, None)
+        if self._sched is not None:
+            self._sched.request_finished(req_id)
+
+    # ---- worker side ----------------------------------------------------
+
+    def register_kv_caches(self, kv_caches):
+        page_of = {n: g.page_bytes for g in self._plan.groups for n in g.layer_names}
+        regs = []
+        for name, value in kv_caches.items():
+            layer = self._plan.layer_of.get(name)
+            if layer is None:
+                raise ValueError(f"ucm: vLLM registered layer `{name}`, unknown to the spec")
+            view = page_view(name, value, page_of[name])
+            regs.append((layer, view, 0))
+            self._kv[layer] = view
+        self._worker.register_kv_caches(regs)
+        hooked = self._plan.hooked_layers
+        self._hookless = sorted(set(self._kv) - hooked)
+
+    def _ensure_started(self) -> bool:
+        """Starts the bound step once: vLLM calls start_load_kv before the
+        forward only in steps with loads, and after it otherwise."""
+        if self._worker is None or not self.has_connector_metadata():
+            return False
+        meta = self._get_connector_metadata()
+        if self._started is meta:
+            return True
+        self._started = meta
+        self._saved = set()
+        self._worker.start_load_kv(meta.payload)
+        # Layers without hooks load now; with asynchronous loads, every
+        # layer does (the loading requests are not computed this step).
+        for layer in sorted(self._kv) if self._async else self._hookless:
+            self._worker.wait_for_layer_load(layer)
+            if self._async and self._sabotage == "garble_loads":
+                self._garble(layer)
+        return True
+
+    def start_load_kv(self, forward_context, **kwargs):
+        self._ensure_started()
+
+    def wait_for_layer_load(self, layer_name):
+        if not self._ensure_started():
+            return
+        layer = self._plan.layer_of.get(layer_name)
+        if layer is None:
+            return
+        self._worker.wait_for_layer_load(layer)
+        if self._sabotage == "garble_loads" and not self._async:
+            self._garble(layer)
+
+    def _garble(self, layer):
+        """Sabotage (tests only): flips bits of every block this layer just
+        loaded, as if stored bytes were corrupted and no checksum caught it."""
+        meta = self._started
+        for sg, g in enumerate(self._plan.groups):
+            names = {self._plan.layer_of[n] for n in g.layer_names}
+            if layer in names:
+                for b in meta.loads.get(sg, []):
+                    self._kv[layer][b].bitwise_xor_(0x10)
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        if not self._ensure_started():
+            return
+        layer = self._plan.layer_of.get(layer_name)
+        if layer is None or layer in self._saved:
+            return
+        self._worker.save_kv_layer(layer)
+        self._saved.add(layer)
+
+    def wait_for_save(self):
+        if self._worker is None or self._started is None or not self.has_connector_metadata():
+            return
+        if self._started is not self._get_connector_metadata():
+            return
+        for layer in self._hookless:
+            if layer not in self._saved:
+                self._worker.save_kv_layer(layer)
+                self._saved.add(layer)
+        self._worker.wait_for_save()
+
+    def _poll(self, finished_req_ids):
+        """Finished saves and loads, and this step's load errors."""
+        self._pending_finished |= set(finished_req_ids)
+        saved, failed, loaded = self._worker.get_finished(sorted(self._pending_finished))
+        for req, why in failed:
+            logger.warning("ucm: saving request %s failed: %s (a later miss, not an error)", req, why)
+        self._pending_finished -= set(saved) | {r for r, _ in failed}
+        errs = self._worker.load_errors()
+        for req, group, block, cause in errs:
+            logger.warning(
+                "ucm: request %s: block %d of group %d failed to load (%s); vLLM recomputes it",
+                req,
+                block,
+                group,
+                cause,
+            )
+        self._load_errors = errs
+        return set(loaded), {e[0] for e in errs}
+
+    def get_finished(self, finished_req_ids):
+        if self._worker is None:
+            return None, None
+        loaded, failed = self._poll(finished_req_ids)
+        return None, (loaded | failed) if self._async else None
+
+    def get_transfer_results(self, finished_req_ids):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorTransferResults,
+        )
+
+        if self._worker is None:
+            return KVConnectorTransferResults()
+        loaded, failed = self._poll(finished_req_ids)
+        if not self._async:
+            return KVConnectorTransferResults()
+        return KVConnectorTransferResults(
+            finished_recving=loaded | failed, failed_recving=failed
+        )
+
+    def get_block_ids_with_load_errors(self):
+        if self._worker is None or self._async:
+            return set()
+        errs, self._load_errors = self._load_errors, []
+        return {block for _, _, block, _ in errs}
+
+    def get_kv_connector_stats(self):
+        return _stats_of(self._cache)
+
+    def metrics_text(self) -> str:
+        """This connector's cache metrics, in the Prometheus text format."""
+        return self._cache.metrics_text()
+
+    def shutdown(self):
+        if self._worker is not None and self._started is not None:
+            try:
+                self._worker.wait_for_save()
+            except Exception as e:  # noqa: BLE001 - shutting down: report, go on
+                logger.warning("ucm: the last step's saves did not finish: %s", e)
+
+
+def _stats_of(cache):
+    """vLLM connector stats (where this vLLM has them) of a cache."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    except ImportError:
+        return None
+
+    class UcmStats(KVConnectorStats):
+        def reset(self):
+            self.data = {}
+
+        def aggregate(self, other):
+            for k, v in other.data.items():
+                if isinstance(v, (int, float)):
+                    self.data[k] = self.data.get(k, 0) + v
+            return self
+
+        def reduce(self):
+            return {k: v for k, v in self.data.items() if isinstance(v, (int, float))}
+
+        def is_empty(self):
+            return not self.data
+
+    m = cache.metrics()
+    m.pop("group_tokens", None)
+    return UcmStats(data=m)

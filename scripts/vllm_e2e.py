@@ -1,0 +1,273 @@
+"""UCM inside a real vLLM (CPU): the engine's output is unchanged when its
+prefix comes from UCM.
+
+    python scripts/vllm_e2e.py all --work DIR       # every check (CI)
+    python scripts/vllm_e2e.py run --model M --mode MODE --dir D --out F.json
+
+Each engine runs in its own process (`run`); `all` compares them:
+
+* per model (a dense Llama, a NemotronH-style Mamba2 + attention hybrid):
+  1. `baseline`: no connector;
+  2. `ucm` on a fresh store: the same prompts one after the other, so later
+     prompts hit what earlier ones stored; greedy tokens **and** logprobs
+     equal the baseline's bit for bit, and the connector reports hits;
+  3. `ucm` again, a second engine process on the same store (warm
+     restart): every shared prefix hits from the first request on;
+  4. negative control 1, corrupted bytes: every stored block file on disk
+     has a byte flipped, then a fresh engine runs: the loads fail their
+     checksums, are reported, vLLM recomputes, outputs still equal;
+  5. negative control 2, checksums bypassed (sabotage `garble_loads`: the
+     loaded bytes are altered in the engine's memory after the load):
+     outputs differ, proving the loaded bytes are used.
+
+vLLM's own prefix caching is off, fp32, enforce_eager, the uni executor
+and no engine multiprocessing (engine start under 15 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+MODELS = {
+    "llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 2048,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "torch_dtype": "float32",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    "nemotron_h": {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "hybrid_override_pattern": "M*M-",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 32,
+        "ssm_state_size": 32,
+        "n_groups": 1,
+        "conv_kernel": 4,
+        "expand": 1,
+        "chunk_size": 128,
+        "mamba_hidden_act": "silu",
+        "use_conv_bias": True,
+        "use_bias": False,
+        "mlp_hidden_act": "relu2",
+        "vocab_size": 2048,
+        "max_position_embeddings": 4096,
+        "layer_norm_epsilon": 1e-5,
+        "rms_norm_eps": 1e-5,
+        "residual_in_fp32": False,
+        "torch_dtype": "float32",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+}
+
+
+def prompts(block: int) -> list[list[int]]:
+    """Prompts with shared prefixes, in the order they are sent: each later
+    one shares whole blocks with an earlier one."""
+
+    def seq(seed: int, n: int) -> list[int]:
+        return [(seed * 7919 + i * 104729) % 1900 + 50 for i in range(n)]
+
+    system = seq(1, 2 * block)
+    return [
+        system + seq(2, 40),  # stores 2 blocks of the system prompt
+        system + seq(3, 40),  # hits 2 blocks
+        system + seq(2, 40) + seq(4, block),  # hits 2 blocks; stores a 3rd
+        system + seq(2, 40) + seq(4, block) + seq(5, 17),  # hits 3 blocks
+    ]
+
+
+def run(args) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    model_dir = pathlib.Path(args.dir) / "models" / args.model
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(MODELS[args.model]))
+    kw = {}
+    if args.mode != "baseline":
+        extra = {"dir": str(pathlib.Path(args.dir) / "store" / args.model), "model_id": args.model}
+        if args.mode == "garble":
+            extra["sabotage"] = "garble_loads"
+        kw["kv_transfer_config"] = KVTransferConfig(
+            kv_connector="UcmConnector",
+            kv_connector_module_path="ucm.vllm_connector",
+            kv_role="kv_both",
+            kv_connector_extra_config=extra,
+            kv_load_failure_policy="recompute",
+        )
+    t0 = time.time()
+    llm = LLM(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        enable_prefix_caching=False,
+        distributed_executor_backend="uni",
+        max_model_len=2048,
+        max_num_batched_tokens=2048,
+        max_num_seqs=4,
+        seed=0,
+        **kw,
+    )
+    started = time.time() - t0
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    sp = SamplingParams(max_tokens=8, temperature=0.0, logprobs=3)
+    results = []
+    for p in prompts(block):
+        out = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0].outputs[0]
+        results.append(
+            {
+                "tokens": list(out.token_ids),
+                "logprobs": [
+                    {str(t): lp.logprob for t, lp in step.items()} for step in out.logprobs
+                ],
+            }
+        )
+    metrics = ""
+    if args.mode != "baseline":
+        import ucm.vllm_connector as vc
+
+        metrics = vc.metrics_text()
+    pathlib.Path(args.out).write_text(
+        json.dumps({"block": block, "start_s": started, "results": results, "metrics": metrics})
+    )
+
+
+def metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def flip_store_bytes(store: pathlib.Path) -> int:
+    """Flips one payload byte of every block file under `store`."""
+    n = 0
+    for f in store.rglob("*"):
+        if f.is_file() and f.parent.name != "tmp" and f.stat().st_size > 8192:
+            with open(f, "r+b") as fh:
+                fh.seek(f.stat().st_size - 100)
+                b = fh.read(1)
+                fh.seek(f.stat().st_size - 100)
+                fh.write(bytes([b[0] ^ 0xFF]))
+            n += 1
+    return n
+
+
+def all_checks(args) -> int:
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    failures = []
+
+    def engine(model: str, mode: str, tag: str) -> dict:
+        out = work / f"{model}-{tag}.json"
+        t = time.time()
+        cmd = [sys.executable, __file__, "run", "--model", model, "--mode", mode]
+        cmd += ["--dir", str(work), "--out", str(out)]
+        log = work / f"{model}-{tag}.log"
+        with open(log, "w") as fh:
+            rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+        if rc != 0:
+            print(open(log).read()[-6000:], file=sys.stderr)
+            raise SystemExit(f"vllm-e2e: {model} {tag} failed (exit {rc}); log {log}")
+        r = json.loads(out.read_text())
+        print(
+            f"vllm-e2e: {model:10} {tag:9} engine start {r['start_s']:.1f} s, "
+            f"run {time.time() - t:.1f} s",
+            flush=True,
+        )
+        return r
+
+    def same(a: dict, b: dict) -> bool:
+        return a["results"] == b["results"]
+
+    def check(cond: bool, what: str) -> None:
+        print(f"vllm-e2e:   {'ok  ' if cond else 'FAIL'} {what}", flush=True)
+        if not cond:
+            failures.append(what)
+
+    for model in args.models.split(","):
+        base = engine(model, "baseline", "baseline")
+        toks = {tuple(r["tokens"]) for r in base["results"]}
+        check(len(toks) > 1 or len(set(base["results"][0]["tokens"])) > 1,
+              f"{model}: the baseline's outputs vary")
+        cold = engine(model, "ucm", "cold")
+        check(same(base, cold), f"{model}: outputs through UCM equal the baseline, bit for bit")
+        hits = metric(cold["metrics"], "ucm_lookup_hits_total")
+        check(hits >= 3, f"{model}: later prompts hit what earlier ones stored ({hits:.0f} hits)")
+        check(metric(cold["metrics"], "ucm_failed_loads_total") == 0, f"{model}: no failed loads")
+        warm = engine(model, "ucm", "warm")
+        check(same(base, warm), f"{model}: a second engine process's outputs equal the baseline")
+        whits = metric(warm["metrics"], "ucm_lookup_hits_total")
+        check(whits >= 4, f"{model}: the second process hits from its first request ({whits:.0f} hits)")
+        check(metric(warm["metrics"], "ucm_disk_read_bytes_total") > 0,
+              f"{model}: the second process reads the first one's blocks from disk")
+        flipped = flip_store_bytes(work / "store" / model)
+        corrupt = engine(model, "ucm", "corrupt")
+        failed = metric(corrupt["metrics"], "ucm_failed_loads_total")
+        check(flipped > 0 and failed > 0,
+              f"{model}: corrupted blocks ({flipped} files) are reported as failed loads ({failed:.0f})")
+        check(same(base, corrupt), f"{model}: with corrupted blocks, vLLM recomputes: outputs equal")
+        garbled = engine(model, "garble", "garble")
+        check(metric(garbled["metrics"], "ucm_lookup_hits_total") > 0, f"{model}: the garbled run hits")
+        check(not same(base, garbled),
+              f"{model}: with the loaded bytes altered, outputs differ (the loads are used)")
+    if failures:
+        print(f"vllm-e2e: {len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print("vllm-e2e: all checks passed")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", choices=sorted(MODELS), required=True)
+    r.add_argument("--mode", choices=["baseline", "ucm", "garble"], required=True)
+    r.add_argument("--dir", required=True)
+    r.add_argument("--out", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("--work", required=True)
+    a.add_argument("--models", default="llama,nemotron_h")
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run(args)
+        return 0
+    return all_checks(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
