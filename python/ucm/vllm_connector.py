@@ -47,7 +47,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 import ucm
 from ucm.vllm_layout import page_view, plan_from_kv_cache_config
 
-logger = logging.getLogger("ucm.vllm")
+try:
+    from vllm.logger import init_logger
+
+    logger = init_logger("vllm.ucm")
+except ImportError:  # pragma: no cover - vLLM always has it
+    logger = logging.getLogger("ucm.vllm")
 
 _CACHES: dict[tuple, Any] = {}
 _CACHES_LOCK = threading.Lock()
@@ -120,7 +125,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         )
         self._load_errors: list = []
         self._sabotage = extra.get("sabotage")
-        if self._sabotage not in (None, "garble_loads"):
+        if self._sabotage not in (None, "garble_loads", "garble_states"):
             raise ValueError(f"ucm: unknown sabotage `{self._sabotage}`")
         # Scheduler side.
         self._sched = None
@@ -154,6 +159,14 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             tokens,
             int(num_computed_tokens),
             cache_salt=getattr(request, "cache_salt", None),
+        )
+        logger.debug(
+            "ucm: request %s: %d tokens, %d computed, %d served, checkpoints at %s",
+            request.request_id,
+            len(tokens),
+            num_computed_tokens,
+            n,
+            self._sched.checkpoint_positions(request.request_id),
         )
         self._reqs[request.request_id] = {
             "n": len(tokens),
@@ -241,9 +254,12 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
                 chunks.append((rid, p, p))
                 if self._sabotage:
                     for sg, g in enumerate(self._plan.groups):
-                        if g.kind == "chain":
+                        if g.kind == "chain" and self._sabotage == "garble_loads":
                             lo, hi = st["have"] // g.block_size, p // g.block_size
                             loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
+                        elif g.kind == "snapshot" and self._sabotage == "garble_states":
+                            if sg in st["slots"]:
+                                loads.setdefault(sg, []).append(st["slots"][sg])
         payload = self._sched.build_meta(chunks)
         return UcmConnectorMetadata(payload, loads)
 
@@ -291,7 +307,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         # layer does (the loading requests are not computed this step).
         for layer in sorted(self._kv) if self._async else self._hookless:
             self._worker.wait_for_layer_load(layer)
-            if self._async and self._sabotage == "garble_loads":
+            if self._async and self._sabotage:
                 self._garble(layer)
         return True
 
@@ -309,8 +325,9 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             self._garble(layer)
 
     def _garble(self, layer):
-        """Sabotage (tests only): flips bits of every block this layer just
-        loaded, as if stored bytes were corrupted and no checksum caught it."""
+        """Sabotage (tests only): flips bits of every block (`garble_loads`)
+        or state (`garble_states`) this layer just loaded, as if stored bytes
+        were corrupted and no checksum caught it."""
         meta = self._started
         for sg, g in enumerate(self._plan.groups):
             names = {self._plan.layer_of[n] for n in g.layer_names}
