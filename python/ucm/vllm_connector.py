@@ -400,8 +400,21 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         errs, self._load_errors = self._load_errors, []
         return {block for _, _, block, _ in errs}
 
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        """vLLM rebuilds the stats from their dict on the scheduler side."""
+        return _stats(data or {})
+
     def get_kv_connector_stats(self):
-        return _stats_of(self._cache)
+        """What changed since the last call (vLLM sums the intervals)."""
+        if self._worker is None:
+            return None
+        now = self._cache.metrics()
+        now.pop("group_tokens", None)
+        last = getattr(self, "_last_stats", {})
+        self._last_stats = now
+        delta = {k: v - last.get(k, 0) for k, v in now.items() if v != last.get(k, 0)}
+        return _stats(delta) if delta else None
 
     def metrics_text(self) -> str:
         """This connector's cache metrics, in the Prometheus text format."""
@@ -415,14 +428,16 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
                 logger.warning("ucm: the last step's saves did not finish: %s", e)
 
 
-def _stats_of(cache):
-    """vLLM connector stats (where this vLLM has them) of a cache."""
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
-    except ImportError:
-        return None
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+except ImportError:  # pragma: no cover - a vLLM without connector stats
+    KVConnectorStats = None
+
+if KVConnectorStats is not None:
 
     class UcmStats(KVConnectorStats):
+        """UCM's counters over an interval, as vLLM's connector stats."""
+
         def reset(self):
             self.data = {}
 
@@ -438,6 +453,9 @@ def _stats_of(cache):
         def is_empty(self):
             return not self.data
 
-    m = cache.metrics()
-    m.pop("group_tokens", None)
-    return UcmStats(data=m)
+
+def _stats(data):
+    """vLLM connector stats (where this vLLM has them) holding `data`."""
+    if KVConnectorStats is None:
+        return None
+    return UcmStats(data=dict(data))

@@ -1,0 +1,100 @@
+"""The vLLM connector's spec derivation and layout checks, without an
+engine: vLLM's own KV-cache spec classes in, UCM's spec table out; layouts
+it does not know are refused with a clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
+
+import ucm  # noqa: E402
+from ucm.vllm_layout import page_view, plan_from_kv_cache_config  # noqa: E402
+
+
+class Group:
+    def __init__(self, names, spec):
+        self.layer_names = names
+        self.kv_cache_spec = spec
+
+
+class Config:
+    def __init__(self, groups):
+        self.kv_cache_groups = groups
+
+
+def attn(block=128, window=None):
+    kw = dict(block_size=block, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    if window:
+        return kvi.SlidingWindowSpec(sliding_window=window, **kw)
+    return kvi.FullAttentionSpec(**kw)
+
+
+def test_a_hybrid_config_becomes_a_valid_spec_table():
+    mamba = kvi.MambaSpec(
+        block_size=2048,
+        shapes=((3, 320), (8, 32, 32)),
+        dtypes=(torch.float32, torch.float32),
+        page_size_padded=attn().page_size_bytes,
+    )
+    cfg = Config(
+        [
+            Group(["model.layers.0.mixer", "model.layers.2.mixer"], mamba),
+            Group(["model.layers.1.attn"], attn()),
+            Group(["model.layers.3.attn"], attn(window=256)),
+        ]
+    )
+    plan = plan_from_kv_cache_config(cfg, "m", 1)
+    spec = ucm.SpecTable.from_toml(plan.toml)
+    groups = {g["name"]: g for g in spec.groups()}
+    assert groups["g0_state"]["kind"] == "snapshot" and groups["g0_state"]["layers"] == [0, 2]
+    assert groups["g1_attn"]["kind"] == "chain" and groups["g1_attn"]["block"] == 128
+    assert groups["g2_attn"]["window"] == 256
+    assert plan.layer_of == {
+        "model.layers.0.mixer": 0,
+        "model.layers.1.attn": 1,
+        "model.layers.2.mixer": 2,
+        "model.layers.3.attn": 3,
+    }
+    assert plan.hooked_layers == {1, 3}
+    assert groups["g1_attn"]["layer_bytes"] == attn().page_size_bytes
+
+
+def test_an_unknown_group_kind_is_refused_by_name():
+    class Odd:
+        block_size = 16
+        page_size_bytes = 4096
+
+    with pytest.raises(ValueError, match="Odd"):
+        plan_from_kv_cache_config(Config([Group(["model.layers.0.x"], Odd())]), "m", 1)
+
+
+def test_layouts():
+    page = 2 * 128 * 128 * 4
+    cpu = torch.zeros(6, 2, 128, 128)  # vLLM's CPU layout
+    v = page_view("l", cpu, page)
+    assert v.shape == (6, page) and v.data_ptr() == cpu.data_ptr()
+    # K and V split in the outer dimension: each block is two chunks.
+    split = torch.zeros(2, 6, 128, 2, 64)
+    with pytest.raises(ValueError, match="block-major"):
+        page_view("l", split, page)
+    # A Mamba layer: two state views into one page per block.
+    raw = torch.zeros(6, 4096)
+    conv = raw[:, :1000].view(torch.uint8)
+    ssm = raw[:, 1000:3000]
+    v = page_view("m", [conv.view(torch.float32), ssm], 4096 * 4)
+    assert v.shape == (6, 4096 * 4) and v.data_ptr() == raw.data_ptr()
+    # Blocks whose interior is not contiguous.
+    strided = torch.zeros(6, 64, 2)[:, :, 0]
+    with pytest.raises(ValueError, match="block-major|contiguous"):
+        page_view("s", strided, 64 * 2 * 4)
+
+
+def test_connector_stats_aggregate():
+    from ucm.vllm_connector import UcmConnector
+
+    a = UcmConnector.build_kv_connector_stats({"loads": 2, "failed_loads": 1})
+    b = UcmConnector.build_kv_connector_stats({"loads": 3})
+    assert a.aggregate(b).reduce() == {"loads": 5, "failed_loads": 1}
+    assert UcmConnector.build_kv_connector_stats({}).is_empty()
