@@ -578,6 +578,17 @@ impl WorkerSide {
     }
 }
 
+impl Drop for WorkerSide {
+    /// Settles the step in flight: no store task may still copy into (or
+    /// out of) the engine's memory once the worker is gone, since the
+    /// engine frees it next.
+    fn drop(&mut self) {
+        if let Err(e) = self.wait_for_save() {
+            log::warn!("ucm: the last step of a dropped worker did not settle: {e}");
+        }
+    }
+}
+
 impl From<CoordError> for FfiError {
     fn from(e: CoordError) -> Self {
         FfiError::Coord(e)

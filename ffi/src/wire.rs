@@ -275,3 +275,100 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
     }
     Ok(Arc::new(ConnectorMeta { step, requests }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta};
+    use ucm_coordinator::{Deployment, RequestKeys};
+
+    const SPEC: &str = r#"
+model = "wire"
+num_layers = 2
+[[group]]
+name = "attn"
+kind = "chain"
+block_size = 4
+layers = "0"
+bytes_per_token = 64
+[[group]]
+name = "ssm"
+kind = "snapshot"
+grid = 4
+state_bytes = 4096
+layers = "1"
+"#;
+
+    fn sample(spec: &SpecTable) -> ConnectorMeta {
+        let tokens: Vec<u32> = (0..10).collect();
+        let hashes = RequestHashes::compute(
+            spec,
+            Deployment { tp_size: 1 },
+            &tokens,
+            &RequestKeys::default(),
+        )
+        .unwrap();
+        let mut alloc = Allocation::default();
+        alloc.blocks.insert(0, vec![7, 3]);
+        alloc.state_slots.insert(1, 2);
+        let req = |id: &str, load| ReqMeta {
+            id: id.into(),
+            tokens: Arc::new(tokens.clone()),
+            hashes: Arc::new(hashes.clone()),
+            alloc: Arc::new(alloc.clone()),
+            load,
+            save_blocks: vec![(0, 0..2)],
+            save_states: vec![(1, 8)],
+        };
+        let idle = ReqMeta {
+            save_blocks: vec![],
+            save_states: vec![],
+            ..req("idle", None)
+        };
+        ConnectorMeta {
+            step: 5,
+            requests: vec![req("a", Some((8, 0))), idle, req("b", None)],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_leaves_out_idle_requests() {
+        let spec = SpecTable::from_toml(SPEC).unwrap();
+        let m = sample(&spec);
+        let d = decode(&spec, &encode(&m)).unwrap();
+        assert_eq!(d.step, 5);
+        let ids: Vec<&str> = d.requests.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        let (a, orig) = (&d.requests[0], &m.requests[0]);
+        assert_eq!(a.tokens, orig.tokens);
+        assert_eq!(a.hashes.chains, orig.hashes.chains);
+        assert_eq!(a.hashes.seeds, orig.hashes.seeds);
+        assert_eq!(a.alloc.blocks, orig.alloc.blocks);
+        assert_eq!(a.alloc.state_slots, orig.alloc.state_slots);
+        assert_eq!(a.load, Some((8, 0)));
+        assert_eq!(a.save_blocks, orig.save_blocks);
+        assert_eq!(a.save_states, orig.save_states);
+    }
+
+    #[test]
+    fn every_truncation_and_byte_flip_is_an_error_or_a_valid_meta_never_a_panic() {
+        let spec = SpecTable::from_toml(SPEC).unwrap();
+        let bytes = encode(&sample(&spec));
+        for n in 0..bytes.len() {
+            assert!(decode(&spec, &bytes[..n]).is_err(), "truncated at {n}");
+        }
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut b = bytes.clone();
+            let i = (x as usize) % b.len();
+            b[i] ^= (x >> 32) as u8 | 1;
+            let _ = decode(&spec, &b);
+        }
+        let mut wrong = bytes.clone();
+        wrong[0] = b'X';
+        assert!(decode(&spec, &wrong).is_err());
+    }
+}
