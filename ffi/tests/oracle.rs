@@ -108,9 +108,9 @@ fn run(wrong_blocks: bool) -> Result<Vec<u64>, String> {
             .collect();
         next_block += nb;
         let slot = (r % SLOTS) as u32;
-        for l in 0..3 {
+        for layer in mem.iter_mut().take(3) {
             for &b in &blocks {
-                mem[l][b as usize * BLOCK..][..BLOCK].fill(POISON);
+                layer[b as usize * BLOCK..][..BLOCK].fill(POISON);
             }
         }
         mem[3][slot as usize * STATE..][..STATE].fill(POISON);
