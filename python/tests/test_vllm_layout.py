@@ -75,20 +75,30 @@ def test_layouts():
     cpu = torch.zeros(6, 2, 128, 128)  # vLLM's CPU layout
     v = page_view("l", cpu, page)
     assert v.shape == (6, page) and v.data_ptr() == cpu.data_ptr()
-    # K and V split in the outer dimension: each block is two chunks.
+    # K and V in separate regions (all K blocks, then all V blocks).
     split = torch.zeros(2, 6, 128, 2, 64)
     with pytest.raises(ValueError, match="block-major"):
         page_view("l", split, page)
+    # A CUDA-style [2, num_blocks, block_size, heads, head] view over
+    # block-major memory: K and V of a block share its page.
+    raw = torch.zeros(6, 2, 128, 2, 64)
+    kv_split = raw.transpose(0, 1)
+    v = page_view("c", kv_split, page)
+    assert v.shape == (6, page) and v.data_ptr() == raw.data_ptr()
     # A Mamba layer: two state views into one page per block.
     raw = torch.zeros(6, 4096)
     conv = raw[:, :1000].view(torch.uint8)
     ssm = raw[:, 1000:3000]
     v = page_view("m", [conv.view(torch.float32), ssm], 4096 * 4)
     assert v.shape == (6, 4096 * 4) and v.data_ptr() == raw.data_ptr()
-    # Blocks whose interior is not contiguous.
-    strided = torch.zeros(6, 64, 2)[:, :, 0]
-    with pytest.raises(ValueError, match="block-major|contiguous"):
-        page_view("s", strided, 64 * 2 * 4)
+    # A page size that does not match the tensor's block step.
+    with pytest.raises(ValueError, match="block-major"):
+        page_view("s", torch.zeros(6, 64, 2), 64 * 4)
+    # A block spilling out of its page.
+    wide = torch.zeros(7, 4096)
+    spill = torch.as_strided(wide, (6, 200), (4096, 1), storage_offset=4000)
+    with pytest.raises(ValueError, match="one 16384-byte page"):
+        page_view("w", [wide[:6, :100], spill], 4096 * 4)
 
 
 def test_connector_stats_aggregate():

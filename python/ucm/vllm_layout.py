@@ -174,44 +174,64 @@ def plan_toml(plan: EnginePlan, model: str, dtype: str, tp_size: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _block_dim(t, page_bytes: int) -> int | None:
+    """The dimension of `t` that steps one page per index (the block
+    dimension), or None."""
+    for d in range(t.dim()):
+        if t.stride(d) * t.element_size() == page_bytes and t.shape[d] > 1:
+            return d
+    if t.dim() and t.shape[0] == 1:
+        return 0
+    return None
+
+
 def page_view(layer_name: str, value, page_bytes: int):
     """A ``[num_blocks, page_bytes]`` byte view of one layer's KV cache or
-    state, checked to be block-major with contiguous blocks.
+    state, checked to be block-major: block ``b`` of the layer is the page
+    at ``base + b * page_bytes``, and everything of one block lies in it.
 
     ``value`` is a tensor (attention) or a list of state tensors (Mamba:
-    views into one page per block)."""
+    views into one page per block). The block dimension need not be the
+    first: a ``[2, num_blocks, ...]`` view whose K and V halves lie in one
+    page per block (vLLM's block-major allocation under a K/V-split view)
+    is accepted; K and V in separate regions are refused."""
     import torch
 
     views = list(value) if isinstance(value, (list, tuple)) else [value]
     if not views:
         raise ValueError(f"ucm: layer {layer_name} has no KV-cache tensor")
+    dims = []
     for t in views:
-        if t.dim() < 1:
-            raise ValueError(f"ucm: layer {layer_name}: a 0-d KV-cache tensor")
-        if t.stride(0) * t.element_size() != page_bytes:
+        d = _block_dim(t, page_bytes) if t.dim() else None
+        if d is None:
             raise ValueError(
                 f"ucm: layer {layer_name}: tensor of shape {tuple(t.shape)} and strides "
                 f"{t.stride()} is not block-major with {page_bytes}-byte pages "
-                "(vLLM's CPU and CUDA block-first layouts are supported; K and V "
-                "split in the outer dimension are not)"
+                "(vLLM's CPU layout and block-major CUDA layouts are supported; K and V "
+                "in separate regions are not)"
             )
-        inner = t[0]
-        if not inner.is_contiguous():
-            raise ValueError(
-                f"ucm: layer {layer_name}: a block of shape {tuple(inner.shape)} is not "
-                "one contiguous chunk"
-            )
+        dims.append(d)
     base = min(t.data_ptr() for t in views)
-    first = min(views, key=lambda t: t.data_ptr())
-    num_blocks = first.shape[0]
-    for t in views:
-        end = t.data_ptr() + t[0].numel() * t.element_size()
-        if end - base > page_bytes or t.shape[0] != num_blocks:
+    num_blocks = {t.shape[d] for t, d in zip(views, dims)}
+    if len(num_blocks) != 1:
+        raise ValueError(f"ucm: layer {layer_name}: its tensors disagree on the block count")
+    num_blocks = num_blocks.pop()
+    for t, d in zip(views, dims):
+        # The bytes of block 0 over every other dimension must lie in page 0.
+        lo = t.data_ptr()
+        hi = lo + t.element_size() * (
+            1 + sum((n - 1) * st for i, (n, st) in enumerate(zip(t.shape, t.stride())) if i != d)
+        )
+        if lo < base or hi - base > page_bytes:
             raise ValueError(
-                f"ucm: layer {layer_name}: its state tensors do not share one page per block"
+                f"ucm: layer {layer_name}: a block of tensor {tuple(t.shape)} (strides "
+                f"{t.stride()}) does not lie in one {page_bytes}-byte page"
             )
+    first = min(views, key=lambda t: t.data_ptr())
     storage = first.untyped_storage()
     offset = base - storage.data_ptr()
+    if offset + num_blocks * page_bytes > storage.nbytes():
+        raise ValueError(f"ucm: layer {layer_name}: its pages run past the tensor's storage")
     out = torch.empty(0, dtype=torch.uint8, device=first.device)
     out.set_(storage, offset, (num_blocks, page_bytes), (page_bytes, 1))
     return out
