@@ -87,13 +87,13 @@ MODELS = {
 }
 
 
+def seq(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 1900 + 50 for i in range(n)]
+
+
 def prompts(block: int) -> list[list[int]]:
     """Prompts with shared prefixes, in the order they are sent: each later
     one shares whole blocks with an earlier one."""
-
-    def seq(seed: int, n: int) -> list[int]:
-        return [(seed * 7919 + i * 104729) % 1900 + 50 for i in range(n)]
-
     system = seq(1, 2 * block)
     # vLLM prefills a prompt in one chunk, so a recurrent state exists only
     # where a prompt ends: the first prompt of a family ends on the grid.
@@ -187,12 +187,33 @@ def run(args) -> None:
             "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in out.logprobs],
         }
     metrics = ""
+    decode_hit = None
     if args.mode != "baseline":
         import ucm.vllm_connector as vc
 
+        if not args.restarted:
+            # A chat's next turn re-sends the answer: blocks completed by
+            # decoding must hit too.
+            long = llm.generate(
+                [{"prompt_token_ids": ps[1]}],
+                SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True),
+                use_tqdm=False,
+            )[0].outputs[0]
+            before = hit_tokens(vc.metrics_text())
+            follow = ps[1] + list(long.token_ids) + seq(7, 30)
+            llm.generate([{"prompt_token_ids": follow}], sp, use_tqdm=False)
+            decode_hit = hit_tokens(vc.metrics_text()) - before
         metrics = vc.metrics_text()
     pathlib.Path(args.out).write_text(
-        json.dumps({"block": block, "start_s": started, "results": results, "metrics": metrics})
+        json.dumps(
+            {
+                "block": block,
+                "start_s": started,
+                "results": results,
+                "metrics": metrics,
+                "decode_hit": decode_hit,
+            }
+        )
     )
 
 
@@ -203,6 +224,14 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " ") or ("{" not in name and line.startswith(name + "{")):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def hit_tokens(text: str) -> int:
+    """Tokens served so far (every group serves the same prefix)."""
+    for line in text.splitlines():
+        if line.startswith("ucm_hit_tokens_total{"):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
 
 
 def flip_store_bytes(store: pathlib.Path) -> int:
@@ -263,6 +292,10 @@ def all_checks(args) -> int:
         hits = metric(cold["metrics"], "ucm_lookup_hits_total")
         check(hits >= 3, f"{model}: later prompts hit what earlier ones stored ({hits:.0f} hits)")
         check(metric(cold["metrics"], "ucm_failed_loads_total") == 0, f"{model}: no failed loads")
+        want = 3 * cold["block"]
+        check(cold["decode_hit"] >= want,
+              f"{model}: a next turn re-sending the answer hits blocks (and states) decoding "
+              f"completed ({cold['decode_hit']} tokens served, {want} wanted)")
         warm = engine(model, "ucm", "warm")
         check(same(base, warm), f"{model}: a second engine process's outputs equal the baseline")
         whits = metric(warm["metrics"], "ucm_lookup_hits_total")

@@ -426,6 +426,18 @@ int32_t ucm_scheduler_build_meta(const struct ucm_scheduler_t *s,
                                  struct ucm_meta_t **out);
 
 /**
+ * The request's tokens grew by decoding (`tokens`: all `n_tokens` so far,
+ * beginning with the prompt): blocks they complete are saved too.
+ *
+ * # Safety
+ * Every pointer as its type says.
+ */
+int32_t ucm_scheduler_extend_tokens(const struct ucm_scheduler_t *s,
+                                    const char *req_id,
+                                    const uint32_t *tokens,
+                                    size_t n_tokens);
+
+/**
  * The request ended.
  *
  * # Safety

@@ -765,6 +765,31 @@ pub unsafe extern "C" fn ucm_scheduler_build_meta(
     })
 }
 
+/// The request's tokens grew by decoding (`tokens`: all `n_tokens` so far,
+/// beginning with the prompt): blocks they complete are saved too.
+///
+/// # Safety
+/// Every pointer as its type says.
+#[no_mangle]
+pub unsafe extern "C" fn ucm_scheduler_extend_tokens(
+    s: *const UcmScheduler,
+    req_id: *const c_char,
+    tokens: *const u32,
+    n_tokens: usize,
+) -> i32 {
+    guard(|| {
+        // SAFETY: the caller's contract, for each argument.
+        let (s, id, toks) = unsafe {
+            (
+                handle(s, "scheduler")?,
+                str_arg(req_id, "req_id")?,
+                slice_arg(tokens, n_tokens, "tokens")?,
+            )
+        };
+        lock(&s.0).extend_tokens(id, Arc::new(toks.to_vec()))
+    })
+}
+
 /// The request ended.
 ///
 /// # Safety

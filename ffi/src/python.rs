@@ -266,6 +266,13 @@ impl PyScheduler {
             .map_err(err)
     }
 
+    /// The request's tokens grew by decoding (`tokens`: all of them so
+    /// far, beginning with the prompt): blocks it completes are saved too.
+    fn extend_tokens(&self, py: Python<'_>, req_id: &str, tokens: Vec<u32>) -> PyResult<()> {
+        py.detach(|| lock(&self.0).extend_tokens(req_id, Arc::new(tokens)))
+            .map_err(err)
+    }
+
     /// The engine's placement of the request grew (more blocks after a
     /// chunk or an asynchronous load): later saves use it.
     fn update_allocation(

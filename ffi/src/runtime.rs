@@ -408,6 +408,12 @@ impl SchedulerSide {
             .update_state_after_alloc(req_id, alloc, num_external_tokens)?)
     }
 
+    /// The request's tokens grew by decoding: blocks it completes are
+    /// saved too.
+    pub fn extend_tokens(&mut self, req_id: &str, tokens: Arc<Vec<u32>>) -> Result<()> {
+        Ok(self.inner.extend_tokens(req_id, tokens)?)
+    }
+
     /// The engine's placement of the request grew: later saves use it.
     pub fn update_allocation(&mut self, req_id: &str, alloc: Allocation) -> Result<()> {
         Ok(self.inner.update_allocation(req_id, alloc)?)

@@ -24,10 +24,11 @@ load is reported through ``get_block_ids_with_load_errors`` so vLLM
 recomputes it; a save is out of the engine's memory when ``wait_for_save``
 returns, so vLLM may free a finished request's blocks at once.
 
-Limits of this version: every prompt block must be allocated in the
-request's first step (chunked prefill of one prompt over several steps is
-refused with an error), a preempted request is not re-planned, and blocks
-produced by decoding are not saved (the prompt's are).
+Blocks completed by decoding are saved like prompt blocks (a chat's next
+turn re-sends the answer). Limits of this version: a preempted request is
+not re-planned, recurrent states are kept only at the prompt's checkpoint
+positions, and the request's ids are recomputed over all its tokens at
+each block decoding completes.
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             self._sched.checkpoint_positions(request.request_id),
         )
         self._reqs[request.request_id] = {
+            "req": request,
             "n": len(tokens),
             "have": int(num_computed_tokens),
             "hit": int(n),
@@ -225,11 +227,20 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
                 self._sched.update_allocation(req_id, chain, slots)
                 st["blocks"], st["slots"] = chain, slots
 
+        min_block = min(g.block_size for g in self._plan.groups if g.kind == "chain")
+
         def chunk(req_id, start):
             st = self._reqs.get(req_id)
             if st is None or "blocks" not in st:
                 return
-            end = min(start + int(sched.get(req_id, 0)), st["n"])
+            end = start + int(sched.get(req_id, 0))
+            if end > st["n"] and end // min_block > st["n"] // min_block:
+                # Decoding completes a block: its tokens join the request.
+                all_tokens = list(st["req"].all_token_ids)[:end]
+                if len(all_tokens) == end:
+                    self._sched.extend_tokens(req_id, all_tokens)
+                    st["n"] = end
+            end = min(end, st["n"])
             if start < end:
                 chunks.append((req_id, int(start), int(end)))
             if st.pop("ext", 0) > 0 and self._sabotage and not self._async:

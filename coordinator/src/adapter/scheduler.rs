@@ -293,6 +293,41 @@ impl<P: Presence> Scheduler<P> {
         Ok(())
     }
 
+    /// The request's tokens grew past its prompt (tokens decoding
+    /// produced): `tokens` must begin with the tokens known so far. Its ids
+    /// are recomputed, so blocks completed by decoding are saved like
+    /// prompt blocks, and retention's plan extends over the new tokens.
+    pub fn extend_tokens(&mut self, req_id: &str, tokens: Arc<Vec<u32>>) -> Result<()> {
+        let spec = Arc::clone(&self.spec);
+        let dep = self.dep;
+        let fold = self.fold;
+        let st = self.state(req_id)?;
+        let old = &st.req.tokens;
+        if tokens.len() < old.len() || tokens[..old.len()] != old[..] {
+            return Err(CoordError::BadRequest(format!(
+                "request `{req_id}`: extended tokens do not begin with its {} known tokens",
+                old.len()
+            )));
+        }
+        if tokens.len() == old.len() {
+            return Ok(());
+        }
+        st.hashes = Arc::new(RequestHashes::compute(&spec, dep, &tokens, &st.req.keys)?);
+        // Retention over the tokens decoding added: the request's end moved
+        // (request_end), and intervals may fall in the new tokens. A state
+        // is saved where a step ends on one of these positions.
+        if !fold {
+            let common = spec.common_grid();
+            let (from, to) = (old.len() as u64, tokens.len() as u64);
+            for g in spec.snapshot_groups() {
+                let add = plan(g, common, from, to);
+                st.plan.entry(g.index).or_default().extend(add);
+            }
+        }
+        st.req.tokens = tokens;
+        Ok(())
+    }
+
     /// The metadata of one step that computes `chunks`.
     pub fn build_meta(&mut self, chunks: &[Scheduled]) -> Result<Arc<ConnectorMeta>> {
         self.step += 1;
