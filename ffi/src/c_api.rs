@@ -181,6 +181,18 @@ unsafe fn handle<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
     Ok(unsafe { &*p })
 }
 
+/// Frees a handle made by `Box::into_raw` (NULL: nothing).
+///
+/// # Safety
+/// NULL or a live handle of type `T`, not used afterwards.
+unsafe fn free_handle<T>(p: *mut T) {
+    if !p.is_null() {
+        // SAFETY: made by Box::into_raw in this library, freed once (the
+        // caller's contract).
+        drop(unsafe { Box::from_raw(p) });
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -339,10 +351,8 @@ pub unsafe extern "C" fn ucm_spec_load(path: *const c_char, out: *mut *mut UcmSp
 /// `spec` must be NULL or a live spec handle, not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn ucm_spec_free(spec: *mut UcmSpec) {
-    if !spec.is_null() {
-        // SAFETY: a live handle made by Box::into_raw, freed once.
-        drop(unsafe { Box::from_raw(spec) });
-    }
+    // SAFETY: the caller\'s contract, forwarded.
+    unsafe { free_handle(spec) }
 }
 
 /// The number of groups of a spec table.
@@ -536,10 +546,8 @@ pub unsafe extern "C" fn ucm_cache_open(
 /// NULL or a live cache handle, not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn ucm_cache_close(cache: *mut UcmCache) {
-    if !cache.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        drop(unsafe { Box::from_raw(cache) });
-    }
+    // SAFETY: the caller\'s contract, forwarded.
+    unsafe { free_handle(cache) }
 }
 
 /// The cache's metrics in the Prometheus text format, NUL-terminated, into
@@ -602,10 +610,8 @@ pub unsafe extern "C" fn ucm_scheduler_new(
 /// NULL or a live scheduler handle, not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn ucm_scheduler_free(s: *mut UcmScheduler) {
-    if !s.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        drop(unsafe { Box::from_raw(s) });
-    }
+    // SAFETY: the caller\'s contract, forwarded.
+    unsafe { free_handle(s) }
 }
 
 /// How many tokens of the prompt beyond `num_computed` UCM serves
@@ -836,10 +842,8 @@ pub unsafe extern "C" fn ucm_meta_bytes(
 /// NULL or a live meta handle, not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn ucm_meta_free(meta: *mut UcmMeta) {
-    if !meta.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        drop(unsafe { Box::from_raw(meta) });
-    }
+    // SAFETY: the caller\'s contract, forwarded.
+    unsafe { free_handle(meta) }
 }
 
 /// A worker of `rank` over spec layers `[stage_start, stage_end)` whose KV
@@ -1119,8 +1123,6 @@ pub unsafe extern "C" fn ucm_finished_id(
 /// NULL or a live handle, not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn ucm_finished_free(f: *mut UcmFinished) {
-    if !f.is_null() {
-        // SAFETY: made by Box::into_raw, freed once.
-        drop(unsafe { Box::from_raw(f) });
-    }
+    // SAFETY: the caller\'s contract, forwarded.
+    unsafe { free_handle(f) }
 }

@@ -307,35 +307,33 @@ impl Cache {
             sabotage: None,
         };
         let inner = match self.stores_on(backend)? {
-            AnyStores::Host(dev, set) => AnyWorker::Host(
-                Worker::new(
-                    Arc::clone(&self.spec),
-                    Arc::clone(&self.units),
-                    set,
-                    Arc::clone(&self.directory),
-                    Arc::clone(&dev),
-                    cfg,
-                )?,
-                dev,
-            ),
+            AnyStores::Host(dev, set) => AnyWorker::Host(self.new_worker(set, &dev, cfg)?, dev),
             #[cfg(feature = "cuda")]
-            AnyStores::Cuda(dev, set, _) => AnyWorker::Cuda(
-                Worker::new(
-                    Arc::clone(&self.spec),
-                    Arc::clone(&self.units),
-                    set,
-                    Arc::clone(&self.directory),
-                    Arc::clone(&dev),
-                    cfg,
-                )?,
-                dev,
-            ),
+            AnyStores::Cuda(dev, set, _) => AnyWorker::Cuda(self.new_worker(set, &dev, cfg)?, dev),
         };
         Ok(WorkerSide {
             inner,
             cache: Arc::clone(self),
             step_started: None,
         })
+    }
+}
+
+impl Cache {
+    fn new_worker<D: Device>(
+        &self,
+        set: Arc<StoreSet<D>>,
+        dev: &Arc<D>,
+        cfg: WorkerConfig,
+    ) -> Result<Worker<D>> {
+        Ok(Worker::new(
+            Arc::clone(&self.spec),
+            Arc::clone(&self.units),
+            set,
+            Arc::clone(&self.directory),
+            Arc::clone(dev),
+            cfg,
+        )?)
     }
 }
 
