@@ -91,13 +91,25 @@ def content(seed: int, n: int):
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
 
 
-def make_engine(tmp_path, num_blocks=8, slots=4):
+def make_engine(tmp_path, num_blocks=8, slots=4, device="cpu"):
     cache = ucm.Cache(ucm.SpecTable.from_toml(SPEC), str(tmp_path / "store"), pool_bytes=4 << 20)
     # vLLM's CPU layout for the attention layers: block-major, each block
     # one contiguous chunk; the state layer: one slot per row.
-    kv = [torch.full((num_blocks, 2, 16, 32), float("nan")) for _ in range(2)]
-    state = torch.full((slots, 2048), float("nan"))
+    kv = [torch.full((num_blocks, 2, 16, 32), float("nan"), device=device) for _ in range(2)]
+    state = torch.full((slots, 2048), float("nan"), device=device)
     return cache, kv, state
+
+
+def devices():
+    """`cpu`, and `cuda` where a GPU is usable (UCM_REQUIRE_GPU=1: must be)."""
+    import os
+
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out.append("cuda")
+    elif os.environ.get("UCM_REQUIRE_GPU") == "1":
+        out.append("cuda")  # fails below: a GPU was required
+    return out
 
 
 def run_step(worker, meta, layers=3):
@@ -118,8 +130,9 @@ def wait_saved(worker, req):
     raise AssertionError(f"{req} never saved")
 
 
-def test_save_then_load_round_trip_on_cpu_tensors(tmp_path):
-    cache, kv, state = make_engine(tmp_path)
+@pytest.mark.parametrize("device", devices())
+def test_save_then_load_round_trip_on_tensors(tmp_path, device):
+    cache, kv, state = make_engine(tmp_path, device=device)
     sched = cache.scheduler()
     worker = cache.worker()
     regs = [(0, kv[0], 0), (1, kv[1], 0), (2, state, 0)]
@@ -135,6 +148,8 @@ def test_save_then_load_round_trip_on_cpu_tensors(tmp_path):
         for b in range(4):
             flat[b].copy_(content(layer * 10 + b, BLOCK_BYTES))
     state.view(torch.uint8).view(4, -1)[0].copy_(content(99, 8192))
+    if device == "cuda":
+        torch.cuda.synchronize()
     run_step(worker, sched.build_meta([("a", 0, 64)]))
     wait_saved(worker, "a")
     sched.request_finished("a")
@@ -147,10 +162,10 @@ def test_save_then_load_round_trip_on_cpu_tensors(tmp_path):
     sched.update_state_after_alloc("b", {0: [4, 5, 6, 7]}, {1: 3}, 64)
     run_step(worker, sched.build_meta([("b", 64, 67)]))
     for layer in range(2):
-        flat = kv[layer].view(torch.uint8).view(8, -1)
+        flat = kv[layer].view(torch.uint8).view(8, -1).cpu()
         for b in range(4):
             assert torch.equal(flat[4 + b], content(layer * 10 + b, BLOCK_BYTES)), (layer, b)
-    assert torch.equal(state.view(torch.uint8).view(4, -1)[3], content(99, 8192))
+    assert torch.equal(state.view(torch.uint8).view(4, -1)[3].cpu(), content(99, 8192))
     assert worker.load_errors() == []
     m = cache.metrics()
     assert m["lookup_hits"] == 1 and m["failed_loads"] == 0
@@ -214,3 +229,29 @@ def test_blocking_calls_release_the_gil(tmp_path):
     inside = [x for x in ticks if start < x < end]
     assert end - start > 0.005, "the call was too short to tell"
     assert len(inside) >= 2, f"no Python thread ran during the native call ({end - start:.3f} s)"
+
+
+def test_cuda_tensors_without_a_driver_are_refused_clearly(tmp_path):
+    """The wheel carries the CUDA backend; without a driver, registering a
+    CUDA tensor says why (the GPU round trip above runs where one is)."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the round trip covers CUDA")
+
+    class CudaLike:
+        device = "cuda:0"
+
+        def data_ptr(self):
+            return 1 << 20
+
+        def element_size(self):
+            return 4
+
+        def size(self):
+            return [8, 1024]
+
+        def stride(self):
+            return [1024, 1]
+
+    cache, _, _ = make_engine(tmp_path)
+    with pytest.raises(RuntimeError, match="libcuda|driver|unsupported"):
+        cache.worker().register_kv_caches([(0, CudaLike(), 0)])
