@@ -208,6 +208,44 @@ impl RequestHashes {
     }
 }
 
+impl RequestHashes {
+    /// Extends the ids to `tokens`, which begin with the tokens these ids
+    /// were computed from: only the blocks completed since are hashed (each
+    /// chain continues from its last id), so a request growing by decoding
+    /// costs one md5 per new block. Equal to [`RequestHashes::compute`]
+    /// over `tokens`.
+    pub fn extend(&mut self, spec: &SpecTable, tokens: &[u32], keys: &RequestKeys) {
+        for g in spec.groups() {
+            let block = match g.kind {
+                Kind::Chain | Kind::Snapshot => g.hash_block as usize,
+                Kind::Sidecar | Kind::None => continue,
+            };
+            if block == 0 {
+                continue;
+            }
+            let (Some(chains), Some(seeds)) =
+                (self.chains.get_mut(g.index), self.seeds.get(g.index))
+            else {
+                continue;
+            };
+            for (chain, seed) in chains.iter_mut().zip(seeds) {
+                let done = chain.len() * block;
+                if tokens.len() < done + block {
+                    continue;
+                }
+                let parent = chain.last().copied().unwrap_or(*seed);
+                let more = chain_ids(&parent, &tokens[done..], block, keys);
+                chain.extend(more);
+            }
+        }
+        for g in spec.groups() {
+            if let Some(src) = g.source {
+                self.chains[g.index] = self.chains[src].clone();
+            }
+        }
+    }
+}
+
 /// Lowercase hex of an id.
 pub fn hex(id: &Id) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()

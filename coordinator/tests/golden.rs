@@ -147,3 +147,43 @@ fn hand_computed_ids_agree() {
     let got = checkpoint_hash(&h.seeds[mm.index][0], &h.chains[mm.index][0], &t, 128, 200).unwrap();
     assert_eq!(got, want);
 }
+
+/// Ids extended block by block as a request grows (decoding) equal the
+/// ids computed over the whole sequence, for every shipped spec, several
+/// TP sizes, with and without keys, over uneven growth steps.
+#[test]
+fn extended_ids_equal_ids_computed_at_once() {
+    let t = golden_tokens();
+    for file in [
+        "x-hybrid-96.toml",
+        "attn-mamba-hybrid.toml",
+        "mla-csa-swa.toml",
+        "mixed-sizes.toml",
+    ] {
+        let spec = SpecTable::load(&common::spec_path(file)).unwrap();
+        for (tp, keys) in [
+            (1, RequestKeys::default()),
+            (
+                2,
+                RequestKeys {
+                    cache_salt: Some("s".into()),
+                    extra_keys: vec![b"k".to_vec()],
+                },
+            ),
+        ] {
+            let dep = Deployment { tp_size: tp };
+            let whole = RequestHashes::compute(&spec, dep, &t, &keys).unwrap();
+            let mut grown = RequestHashes::compute(&spec, dep, &t[..37], &keys).unwrap();
+            let mut at = 37;
+            for step in [1usize, 90, 127, 3, 300, 442] {
+                at = (at + step).min(t.len());
+                grown.extend(&spec, &t[..at], &keys);
+                let fresh = RequestHashes::compute(&spec, dep, &t[..at], &keys).unwrap();
+                assert_eq!(grown.chains, fresh.chains, "{file} tp {tp} at {at}");
+            }
+            assert_eq!(at, t.len());
+            assert_eq!(grown.chains, whole.chains, "{file} tp {tp}");
+            assert_eq!(grown.seeds, whole.seeds, "{file} tp {tp}");
+        }
+    }
+}

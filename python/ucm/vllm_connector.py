@@ -25,10 +25,10 @@ recomputes it; a save is out of the engine's memory when ``wait_for_save``
 returns, so vLLM may free a finished request's blocks at once.
 
 Blocks completed by decoding are saved like prompt blocks (a chat's next
-turn re-sends the answer). Limits of this version: a preempted request is
-not re-planned, recurrent states are kept only at the prompt's checkpoint
-positions, and the request's ids are recomputed over all its tokens at
-each block decoding completes.
+turn re-sends the answer), and so are states where a step ends on the
+checkpoint grid. Limits of this version: a preempted request is not
+re-planned, and a recurrent state exists only where a step ends (vLLM
+prefills a prompt in one chunk).
 """
 
 from __future__ import annotations

@@ -295,11 +295,10 @@ impl<P: Presence> Scheduler<P> {
 
     /// The request's tokens grew past its prompt (tokens decoding
     /// produced): `tokens` must begin with the tokens known so far. Its ids
-    /// are recomputed, so blocks completed by decoding are saved like
+    /// are extended (one md5 per new block), so blocks completed by decoding are saved like
     /// prompt blocks, and retention's plan extends over the new tokens.
     pub fn extend_tokens(&mut self, req_id: &str, tokens: Arc<Vec<u32>>) -> Result<()> {
         let spec = Arc::clone(&self.spec);
-        let dep = self.dep;
         let fold = self.fold;
         let st = self.state(req_id)?;
         let old = &st.req.tokens;
@@ -312,7 +311,9 @@ impl<P: Presence> Scheduler<P> {
         if tokens.len() == old.len() {
             return Ok(());
         }
-        st.hashes = Arc::new(RequestHashes::compute(&spec, dep, &tokens, &st.req.keys)?);
+        let mut hashes = (*st.hashes).clone();
+        hashes.extend(&spec, &tokens, &st.req.keys);
+        st.hashes = Arc::new(hashes);
         // Retention over the tokens decoding added: the request's end moved
         // (request_end), and intervals may fall in the new tokens. A state
         // is saved where a step ends on one of these positions.
