@@ -1,19 +1,23 @@
 //! Block ids and checkpoint hashes of a token sequence, for bindings that
 //! check they agree with the golden vectors (or hash on their own side).
+//! Only the asked group is hashed, with the coordinator's own seed and
+//! chain functions.
 
-use ucm_coordinator::hash::{checkpoint_hash, Id};
-use ucm_coordinator::{Deployment, Kind, RequestHashes, RequestKeys, SpecTable};
+use ucm_coordinator::hash::{chain_ids, checkpoint_hash, group_seed, Id};
+use ucm_coordinator::{Deployment, Group, Kind, RequestKeys, SpecTable};
 
 use crate::error::{FfiError, Result};
 
-fn hashes(
-    spec: &SpecTable,
+/// `group`'s seed for `rank` and the chain ids of `tokens` (a sidecar: its
+/// source's chain), after checking the rank and the group.
+fn chain<'s>(
+    spec: &'s SpecTable,
     tp_size: u32,
     keys: &RequestKeys,
     tokens: &[u32],
     group: &str,
     rank: u32,
-) -> Result<(RequestHashes, usize, usize)> {
+) -> Result<(&'s Group, Id, Vec<Id>)> {
     if rank >= tp_size {
         return Err(FfiError::Invalid(format!(
             "rank {rank} of a TP size of {tp_size}"
@@ -25,9 +29,10 @@ fn hashes(
             "group `{group}` is never reused: it has no ids"
         )));
     }
-    let h = RequestHashes::compute(spec, Deployment { tp_size }, tokens, keys)?;
-    let r = spec.key_rank(g.index, rank);
-    Ok((h, g.index, r))
+    let chained = g.source.map_or(g, |s| &spec.groups()[s]);
+    let seed = group_seed(spec, Deployment { tp_size }, g, rank, keys);
+    let ids = chain_ids(&seed, tokens, chained.hash_block as usize, keys);
+    Ok((g, seed, ids))
 }
 
 /// The chain ids of `tokens` in `group` for `rank` (a sidecar: its
@@ -40,8 +45,7 @@ pub fn block_ids(
     group: &str,
     rank: u32,
 ) -> Result<Vec<Id>> {
-    let (h, g, r) = hashes(spec, tp_size, keys, tokens, group, rank)?;
-    Ok(h.chains[g].get(r).cloned().unwrap_or_default())
+    Ok(chain(spec, tp_size, keys, tokens, group, rank)?.2)
 }
 
 /// The checkpoint hash `H(p)` of snapshot group `group` at `position`.
@@ -54,22 +58,17 @@ pub fn checkpoint(
     rank: u32,
     position: u64,
 ) -> Result<Id> {
-    let (h, g, r) = hashes(spec, tp_size, keys, tokens, group, rank)?;
-    let grp = &spec.groups()[g];
-    if grp.kind != Kind::Snapshot {
+    let (g, seed, ids) = chain(spec, tp_size, keys, tokens, group, rank)?;
+    if g.kind != Kind::Snapshot {
         return Err(FfiError::Invalid(format!(
             "group `{group}` is not a snapshot group"
         )));
     }
-    let seed = h.seeds[g]
-        .get(r)
-        .ok_or_else(|| FfiError::Invalid(format!("no seed for rank {r}")))?;
-    let ids = h.chains[g].get(r).map(Vec::as_slice).unwrap_or(&[]);
     Ok(checkpoint_hash(
-        seed,
-        ids,
+        &seed,
+        &ids,
         tokens,
-        grp.hash_block,
+        g.hash_block,
         position,
     )?)
 }
