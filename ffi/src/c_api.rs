@@ -663,19 +663,11 @@ pub unsafe extern "C" fn ucm_scheduler_update_after_alloc(
     n_groups: usize,
     num_external_tokens: u64,
 ) -> i32 {
-    guard(|| {
-        // SAFETY: the caller's contract, for each argument.
-        let (s, id, gs) = unsafe {
-            (
-                handle(s, "scheduler")?,
-                str_arg(req_id, "req_id")?,
-                slice_arg(groups, n_groups, "groups")?,
-            )
-        };
-        let mut side = lock(&s.0);
-        // SAFETY: the caller's contract.
-        let alloc = unsafe { alloc_arg(side.cache().spec().groups().len(), gs) }?;
-        side.update_state_after_alloc(id, alloc, num_external_tokens)
+    // SAFETY: the caller's contract, forwarded.
+    guard(|| unsafe {
+        with_alloc(s, req_id, groups, n_groups, |side, id, alloc| {
+            side.update_state_after_alloc(id, alloc, num_external_tokens)
+        })
     })
 }
 
@@ -708,6 +700,31 @@ unsafe fn alloc_arg(num_groups: usize, gs: &[UcmGroupAlloc]) -> Result<Allocatio
     Ok(alloc)
 }
 
+/// Decodes a scheduler, a request id and an allocation, then runs `f`.
+///
+/// # Safety
+/// Every pointer as its type says; each `blocks` array of `n_blocks`.
+unsafe fn with_alloc(
+    s: *const UcmScheduler,
+    req_id: *const c_char,
+    groups: *const UcmGroupAlloc,
+    n_groups: usize,
+    f: impl FnOnce(&mut SchedulerSide, &str, Allocation) -> Result<()>,
+) -> Result<()> {
+    // SAFETY: the caller's contract, for each argument.
+    let (s, id, gs) = unsafe {
+        (
+            handle(s, "scheduler")?,
+            str_arg(req_id, "req_id")?,
+            slice_arg(groups, n_groups, "groups")?,
+        )
+    };
+    let mut side = lock(&s.0);
+    // SAFETY: the caller's contract.
+    let alloc = unsafe { alloc_arg(side.cache().spec().groups().len(), gs) }?;
+    f(&mut side, id, alloc)
+}
+
 /// The engine's placement of a request grew (blocks allocated after its
 /// first step): later saves use it.
 ///
@@ -720,19 +737,11 @@ pub unsafe extern "C" fn ucm_scheduler_update_allocation(
     groups: *const UcmGroupAlloc,
     n_groups: usize,
 ) -> i32 {
-    guard(|| {
-        // SAFETY: the caller's contract, for each argument.
-        let (s, id, gs) = unsafe {
-            (
-                handle(s, "scheduler")?,
-                str_arg(req_id, "req_id")?,
-                slice_arg(groups, n_groups, "groups")?,
-            )
-        };
-        let mut side = lock(&s.0);
-        // SAFETY: the caller's contract.
-        let alloc = unsafe { alloc_arg(side.cache().spec().groups().len(), gs) }?;
-        side.update_allocation(id, alloc)
+    // SAFETY: the caller's contract, forwarded.
+    guard(|| unsafe {
+        with_alloc(s, req_id, groups, n_groups, |side, id, alloc| {
+            side.update_allocation(id, alloc)
+        })
     })
 }
 
