@@ -244,11 +244,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             if start < end:
                 chunks.append((req_id, int(start), int(end)))
             if st.pop("ext", 0) > 0 and self._sabotage and not self._async:
-                for sg, g in enumerate(self._plan.groups):
-                    if g.kind == "chain":
-                        lo = st["have"] // g.block_size
-                        hi = (st["have"] + st["hit"]) // g.block_size
-                        loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
+                self._sabotage_targets(st, loads)
 
         for r in scheduler_output.scheduled_new_reqs:
             grow(r.req_id, r.block_ids, True)
@@ -264,15 +260,20 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
                 p = st["have"] + st["hit"]
                 chunks.append((rid, p, p))
                 if self._sabotage:
-                    for sg, g in enumerate(self._plan.groups):
-                        if g.kind == "chain" and self._sabotage == "garble_loads":
-                            lo, hi = st["have"] // g.block_size, p // g.block_size
-                            loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
-                        elif g.kind == "snapshot" and self._sabotage == "garble_states":
-                            if sg in st["slots"]:
-                                loads.setdefault(sg, []).append(st["slots"][sg])
+                    self._sabotage_targets(st, loads)
         payload = self._sched.build_meta(chunks)
         return UcmConnectorMetadata(payload, loads)
+
+    def _sabotage_targets(self, st, loads):
+        """Sabotage (tests only): the engine blocks (`garble_loads`) or
+        state slots (`garble_states`) a request's load writes, per group."""
+        p = st["have"] + st["hit"]
+        for sg, g in enumerate(self._plan.groups):
+            if g.kind == "chain" and self._sabotage == "garble_loads":
+                lo, hi = st["have"] // g.block_size, p // g.block_size
+                loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
+            elif g.kind == "snapshot" and self._sabotage == "garble_states" and sg in st["slots"]:
+                loads.setdefault(sg, []).append(st["slots"][sg])
 
     def request_finished(self, request, block_ids):
         self._finish(request.request_id)
