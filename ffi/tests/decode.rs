@@ -179,11 +179,17 @@ fn a_step_past_the_allocation_saves_the_rest_once_it_is_allocated() {
     lookup(&mut e, "a", &prompt);
     // The scheduler learns of only 2 blocks before a step that computes
     // all 64 tokens: it saves those 2, and the other 2 once allocated.
-    e.sched.update_state_after_alloc("a", alloc(0..2, 0), 0).unwrap();
+    e.sched
+        .update_state_after_alloc("a", alloc(0..2, 0), 0)
+        .unwrap();
     step(&mut e, "a", 0, 64);
     e.sched.update_allocation("a", alloc(0..4, 0)).unwrap();
     step(&mut e, "a", 64, 64);
     e.sched.request_finished("a");
     let again: Vec<u32> = prompt.iter().copied().chain(1..3).collect();
-    assert_eq!(lookup(&mut e, "b", &again), 64, "all 4 blocks and the state at 64");
+    assert_eq!(
+        lookup(&mut e, "b", &again),
+        64,
+        "all 4 blocks and the state at 64"
+    );
 }
