@@ -346,6 +346,17 @@ pub trait BlockStore<D: Device> {
 enum Job<D: Device> {
     Load(Vec<TaskItem>, Arc<TaskShared>, usize),
     Dump(Vec<TaskItem>, Option<Arc<D::Event>>, Arc<TaskShared>, usize),
+    Prefetch(Vec<BlockId>),
+}
+
+/// What reading one shard from disk into its pool slot gave.
+enum Filled<'p> {
+    /// Read and published; pinned while this lives.
+    Slot(SlotRef<'p>),
+    /// No tier holds it.
+    Miss,
+    /// The read failed.
+    Failed(StoreError),
 }
 
 /// Tasks moving at least this many bytes are split by block across the
@@ -429,6 +440,7 @@ impl<D: Device> TieredBlockStore<D> {
                                     let part = Part { shared: &t, index };
                                     inner.run_dump(&stream, items, after.as_deref(), &part)
                                 }
+                                Job::Prefetch(ids) => inner.run_prefetch(&ids),
                             }
                         }
                     })
@@ -462,6 +474,20 @@ impl<D: Device> TieredBlockStore<D> {
     /// The memory tier.
     pub fn pool(&self) -> &ClockPool {
         &self.inner.pool
+    }
+
+    /// Starts bringing the blocks `ids` from disk into the memory tier, in
+    /// the background and without a device copy, so that a load soon after
+    /// is a pool hit. A hint: nothing is reported; a block no tier holds is
+    /// skipped. [`StoreError::QueueFull`] when no task can be queued.
+    pub fn prefetch(&self, ids: &[BlockId]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let tx = self.tx.as_ref().ok_or(StoreError::QueueFull)?;
+        let _one = lock(&self.submitting);
+        tx.try_send(Job::Prefetch(ids.to_vec()))
+            .map_err(|_| StoreError::QueueFull)
     }
 
     /// Leases the pool slot of `(block, shard)` for a zero-copy hand-over
@@ -675,6 +701,68 @@ impl<D: Device> Inner<D> {
         .collect()
     }
 
+    /// Reads shard `shard` of each block of `loads` from disk, in batches,
+    /// straight into the slots being loaded, and publishes each slot: filled
+    /// (kept pinned for the caller), a miss, or failed (its waiters see the
+    /// errno). Counts disk reads and misses.
+    fn fill_from_disk<'p>(
+        &'p self,
+        session: &mut ReadSession,
+        shard: u32,
+        mut loads: Vec<(usize, BlockId, LoadGuard<'p>)>,
+    ) -> Vec<(usize, Filled<'p>)> {
+        let mut reads = Vec::with_capacity(loads.len());
+        for chunk in loads.chunks_mut(IO_BATCH_BLOCKS) {
+            let reqs = chunk
+                .iter_mut()
+                .map(|(_, block, g)| (*block, vec![(shard, g.io_buf())]))
+                .collect();
+            reads.extend(self.disk.read_many_in(session, reqs));
+        }
+        let mut out = Vec::with_capacity(loads.len());
+        for ((i, _, mut g), read) in loads.into_iter().zip(reads) {
+            let f = match read {
+                Ok(Some(bufs)) => {
+                    self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
+                    // Read in place; a buffer elsewhere is copied in.
+                    if let Some(b) = bufs.first().filter(|b| b.as_ptr() != g.data_mut().as_ptr()) {
+                        g.data_mut().copy_from_slice(b.as_slice());
+                    }
+                    Filled::Slot(g.complete())
+                }
+                Ok(None) => {
+                    g.fail(libc::ENOENT);
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    Filled::Miss
+                }
+                Err(e) => {
+                    g.fail(libc::EIO);
+                    Filled::Failed(e)
+                }
+            };
+            out.push((i, f));
+        }
+        out
+    }
+
+    /// Brings every shard of `ids` that only the disk holds into the pool,
+    /// without a device copy. Shards already in the pool are touched; a
+    /// shard another thread is loading, a full bucket, a miss or a failed
+    /// read is skipped (a prefetch is a hint: the load that follows reads
+    /// or reports it).
+    fn run_prefetch(&self, ids: &[BlockId]) {
+        let mut session = ReadSession::default();
+        for shard in 0..self.geo.shards_per_block {
+            let mut loads = Vec::new();
+            for (i, id) in ids.iter().enumerate() {
+                if let Ok(Some(Acquire::Load(g))) = self.pool.acquire((*id, shard)) {
+                    loads.push((i, *id, g));
+                }
+            }
+            drop(self.fill_from_disk(&mut session, shard, loads));
+        }
+    }
+
     fn run_load(&self, stream: &D::Stream, items: Vec<TaskItem>, t: &Part<'_>) {
         let shard_bytes = self.geo.shard_bytes;
         // Each file is opened and its header read once per task part.
@@ -718,40 +806,25 @@ impl<D: Device> Inner<D> {
                 };
                 outcomes.push((it.block, outcome));
             }
-            // Every missing shard of this group from disk, in batches, read
-            // straight into the slots being loaded.
-            let mut reads = Vec::with_capacity(loads.len());
-            for chunk in loads.chunks_mut(IO_BATCH_BLOCKS) {
-                let reqs = chunk
-                    .iter_mut()
-                    .map(|(i, g)| (group[*i].block, vec![(shard, g.io_buf())]))
-                    .collect();
-                reads.extend(self.disk.read_many_in(&mut session, reqs));
-            }
-            for ((i, mut g), read) in loads.into_iter().zip(reads) {
-                outcomes[i].1 = match read {
-                    Ok(Some(bufs)) => {
-                        self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
-                        // Read in place; a buffer elsewhere is copied in.
-                        if let Some(b) =
-                            bufs.first().filter(|b| b.as_ptr() != g.data_mut().as_ptr())
-                        {
-                            g.data_mut().copy_from_slice(b.as_slice());
-                        }
-                        let r = g.complete();
+            // Every missing shard of this group from disk, read straight
+            // into the slots being loaded.
+            let filled = self.fill_from_disk(
+                &mut session,
+                shard,
+                loads
+                    .into_iter()
+                    .map(|(i, g)| (i, group[i].block, g))
+                    .collect(),
+            );
+            for (i, f) in filled {
+                outcomes[i].1 = match f {
+                    Filled::Slot(r) => {
                         runs.push((i, r.slot()));
                         pins.push(r);
                         ItemOutcome::Ok
                     }
-                    Ok(None) => {
-                        g.fail(libc::ENOENT);
-                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                        ItemOutcome::Miss
-                    }
-                    Err(e) => {
-                        g.fail(libc::EIO);
-                        self.fail_item(Failure::from_store(&e, "disk read"))
-                    }
+                    Filled::Miss => ItemOutcome::Miss,
+                    Filled::Failed(e) => self.fail_item(Failure::from_store(&e, "disk read")),
                 };
             }
             let copy: Vec<CopyRun<'_>> = runs

@@ -177,6 +177,51 @@ fn dump_then_load_round_trips_and_lookups_see_it() {
 }
 
 #[test]
+fn a_prefetch_brings_disk_blocks_into_the_pool_so_the_load_reads_no_disk() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = [1, 2, 3];
+    {
+        let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+        let src = device_kv(&dev, GEO, &blocks);
+        let t = st.dump(items(GEO, &blocks, &src, 0..4), None).unwrap();
+        assert!(t
+            .wait_durable()
+            .iter()
+            .all(|(_, d)| *d == Durability::Durable));
+    }
+    // A new process: an empty pool over the same directory.
+    let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
+    let ids: Vec<_> = [1, 2, 3, 9].map(id).to_vec();
+    st.prefetch(&ids).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !blocks
+        .iter()
+        .all(|&b| (0..4).all(|s| st.pool().contains(&(id(b), s))))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "prefetch never filled the pool"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // 12 shards read once; block 9 (never stored) is only a miss.
+    assert_eq!(st.stats().disk_reads.load(Relaxed), 12);
+    let dst = dev.alloc_device(3 * 4 * 4096).unwrap();
+    let t = st.load(items(GEO, &blocks, &dst, 0..4)).unwrap();
+    assert!(all_ok(&t.wait()));
+    check_kv(&dev, GEO, &blocks, &dst);
+    assert_eq!(
+        st.stats().disk_reads.load(Relaxed),
+        12,
+        "the load read the disk again"
+    );
+    assert_eq!(st.stats().pool_hits.load(Relaxed), 12);
+    assert!(st.prefetch(&[]).is_ok());
+}
+
+#[test]
 fn a_dump_of_512_blocks_by_32_shards_reads_back_from_disk_with_the_pool_bypassed() {
     dump_512_by_32(4096, 2);
 }
