@@ -9,6 +9,7 @@
 
 #![deny(missing_docs)]
 
+pub mod blockstore;
 pub mod c_api;
 pub mod error;
 pub mod hashing;
@@ -18,6 +19,7 @@ pub mod python;
 pub mod runtime;
 pub mod wire;
 
+pub use blockstore::{ItemProblem, ItemReport, RawItem, RawStore, RawStoreOptions};
 pub use error::{FfiError, Result};
 pub use runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, WorkerSide};
 pub use ucm_coordinator as coordinator;

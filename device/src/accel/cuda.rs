@@ -290,6 +290,25 @@ impl CudaDevice {
         .map_err(drv("cuLaunchKernel"))
     }
 
+    /// Blocks the calling thread until an event the engine recorded (a
+    /// `CUevent` handed over as an integer, as upstream UCM's
+    /// `prerequisite_handle`) has completed.
+    ///
+    /// # Safety
+    /// `raw` must be a live `CUevent` of this device's context, not
+    /// destroyed during the call.
+    pub unsafe fn synchronize_raw_event(&self, raw: u64) -> Result<()> {
+        if raw == 0 {
+            return Err(DeviceError::InvalidArgument("a NULL event".into()));
+        }
+        self.ctx.bind()?;
+        // SAFETY: the caller guarantees a live event of this context (the
+        // function's contract); the context is current on this thread.
+        unsafe { sys::cuEventSynchronize(raw as sys::CUevent) }
+            .result()
+            .map_err(drv("cuEventSynchronize"))
+    }
+
     /// Errors that `Drop` implementations recorded instead of panicking.
     pub fn take_deferred_errors(&self) -> Vec<DeviceError> {
         std::mem::take(&mut *self.ctx.deferred.lock().unwrap_or_else(|e| e.into_inner()))
