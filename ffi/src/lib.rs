@@ -16,6 +16,8 @@ pub mod hashing;
 pub mod metrics;
 #[cfg(feature = "python")]
 pub mod python;
+#[cfg(feature = "python")]
+pub mod python_store;
 pub mod runtime;
 pub mod wire;
 

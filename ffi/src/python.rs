@@ -25,7 +25,11 @@ use crate::runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, Wor
 impl From<FfiError> for PyErr {
     fn from(e: FfiError) -> Self {
         match e {
-            FfiError::Invalid(_) | FfiError::Buffer(_) => PyValueError::new_err(e.to_string()),
+            FfiError::Invalid(_)
+            | FfiError::Buffer(_)
+            | FfiError::Coord(ucm_coordinator::CoordError::Store(
+                ucm_coordinator::store::StoreError::Config(_),
+            )) => PyValueError::new_err(e.to_string()),
             _ => PyRuntimeError::new_err(e.to_string()),
         }
     }
@@ -535,5 +539,6 @@ fn _ucm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(block_ids, m)?)?;
     m.add_function(wrap_pyfunction!(checkpoint_hash, m)?)?;
     m.add_function(wrap_pyfunction!(abi_version, m)?)?;
+    crate::python_store::register(m)?;
     Ok(())
 }
