@@ -5,7 +5,9 @@
 #   2. the `ucm` wheel built by `maturin build --release` from python/, and
 #      installed twice: into a fresh, empty venv (it must import there and
 #      match a golden hash: one wheel, no dependencies) and into vLLM's;
-#   3. the Python tests (python/tests) in vLLM's venv (torch for tensors);
+#   3. the Python tests (python/tests) in vLLM's venv (torch for tensors),
+#      with SGLang's package beside it for the HiCache backend's tests
+#      (scripts/sglang-deps.sh; required here: UCM_REQUIRE_SGLANG=1);
 #   4. scripts/vllm_e2e.py: a dense Llama and a NemotronH hybrid, with and
 #      without UCM, warm restart, corrupted blocks, sabotaged loads.
 # Exits non-zero on any failed check. Work files go to a temp dir, removed.
@@ -38,7 +40,8 @@ PY
 
 echo "vllm-e2e: the wheel in vLLM's venv, and the Python tests"
 "$venv/bin/pip" install -q --force-reinstall --no-deps "$wheel"
-"$venv/bin/python" -m pytest -q python/tests
+sglang=$(bash scripts/sglang-deps.sh "$venv/bin/python")
+PYTHONPATH="$sglang" UCM_REQUIRE_SGLANG=1 "$venv/bin/python" -m pytest -q python/tests
 
 echo "vllm-e2e: inside vLLM"
 VLLM_TARGET_DEVICE=cpu VLLM_ENABLE_V1_MULTIPROCESSING=0 \
