@@ -154,6 +154,48 @@ def test_tensors_several_per_shard_and_several_shards_per_block(tmp_path):
         store.load(ids[:1], [0], [src[(0, 0)][:1]])
 
 
+def test_tensors_of_several_sizes_and_a_scheduler_that_knows_only_block_size(tmp_path):
+    """Upstream's connector passes ``tensor_size_list`` to workers and only
+    ``block_size`` to the scheduler side."""
+    sizes = [8192, 4096, 4096]
+    shard = sum(sizes)
+    worker = UcmPipelineStore(
+        {"storage_backends": f"{tmp_path}:", "block_size": 2 * shard, "shard_size": shard,
+         "tensor_size_list": sizes, "device_id": 0}
+    )
+    sched = UcmPipelineStore({"storage_backends": str(tmp_path), "block_size": 2 * shard})
+    ids = [secrets.token_bytes(16) for _ in range(3)]
+    assert sched.lookup(ids) == [False] * 3
+    src = {(b, s): [make_array(n) for n in sizes] for b in range(3) for s in range(2)}
+    for bufs in src.values():
+        for a in bufs:
+            a[:] = np.frombuffer(secrets.token_bytes(len(a)), dtype=np.uint8)
+    rows = [(b, s) for b in range(3) for s in range(2)]
+    addrs = [[a.ctypes.data for a in src[r]] for r in rows]
+    t = worker.dump_data([ids[b] for b, _ in rows], [s for _, s in rows], addrs)
+    worker.wait(t)
+    worker.close()
+    import time
+
+    deadline = time.monotonic() + 20
+    while sched.lookup_on_prefix(ids) != 2:  # the write-behind reaches disk
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    dst = {r: [make_array(n) for n in sizes] for r in rows}
+    t = worker.load_data([ids[b] for b, _ in rows], [s for _, s in rows],
+                         [[a.ctypes.data for a in dst[r]] for r in rows])
+    worker.wait(t)
+    for r in rows:
+        assert [bytes(a) for a in dst[r]] == [bytes(a) for a in src[r]], r
+    with pytest.raises(RuntimeError, match="block_size only"):
+        sched.load_data(ids[:1], [0], [[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"1 tensor\(s\), a shard has 3"):
+        worker.load_data(ids[:1], [0], [[dst[(0, 0)][0].ctypes.data]])
+    # Another layout over the same directory is refused.
+    with pytest.raises(ValueError, match="another model or layout"):
+        UcmPipelineStore({"storage_backends": str(tmp_path), "block_size": 8192, "tensor_size": 4096})
+
+
 def test_prefix_lookup_stops_at_the_first_hole_and_prefetch_serves_from_memory(tmp_path):
     cfg = config(tmp_path)
     store = UcmPipelineStore(cfg)
@@ -237,8 +279,13 @@ def test_bad_configuration_and_arguments_are_refused(tmp_path):
         UcmPipelineStore(config(tmp_path, storage_backends=[str(tmp_path), str(tmp_path)]))
     with pytest.raises(ValueError, match="storage_backends"):
         UcmPipelineStore(config(tmp_path, storage_backends=[]))
-    with pytest.raises(ValueError, match="4096"):
+    with pytest.raises(ValueError, match="4 KiB"):
         UcmPipelineStore(config(tmp_path / "odd", tensor_size=1000, shard_size=1000, block_size=1000))
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "LAYOUT").write_text("/etc/passwd? " * 1000)
+    with pytest.raises(ValueError, match="not a UCM component layout"):
+        UcmPipelineStore(config(junk))
     store = UcmPipelineStore(config(tmp_path))
     buf = make_array(SHARD)
     with pytest.raises(ValueError, match="16"):

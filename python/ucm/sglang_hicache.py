@@ -54,7 +54,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from ucm._ucm import BlockStore
+from ucm._components import ComponentStores
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ def _flat(xs: Sequence[Any]) -> List[int]:
 
 
 class _PoolStores:
-    """The stores of one host pool: one per buffer size of a page."""
+    """The stores of one host pool: a page is a block, each of its buffers
+    a component (``ucm._components``)."""
 
     def __init__(self, name: str, pool: Any, root: str, opts: Dict[str, Any]) -> None:
         self.name = name
@@ -80,51 +81,22 @@ class _PoolStores:
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
         probe = torch.arange(self.page_size, dtype=torch.int64)
         ptrs, sizes = pool.get_page_buffer_meta(probe)
-        sizes = _flat(sizes)
-        if not sizes or len(_flat(ptrs)) != len(sizes):
+        self.sizes = _flat(sizes)
+        if not self.sizes or len(_flat(ptrs)) != len(self.sizes):
             raise ValueError(f"HiCache pool `{name}`: no page buffers to store")
-        self.sizes = sizes
-        self.per_page = len(sizes)
-        # Component j of a page -> (store index, shard in that store).
-        self.where: List[Tuple[int, int]] = []
-        by_size: Dict[int, int] = {}
-        counts: List[int] = []
-        for s in sizes:
-            if s <= 0 or s % 4096:
-                raise ValueError(
-                    f"HiCache pool `{name}`: a page buffer of {s} bytes; UCM stores "
-                    "buffers of whole 4 KiB pages (O_DIRECT), choose a page size "
-                    "that gives them"
-                )
-            k = by_size.setdefault(s, len(counts))
-            if k == len(counts):
-                counts.append(0)
-            self.where.append((k, counts[k]))
-            counts[k] += 1
-        order = sorted(by_size.items(), key=lambda kv: kv[1])
-        self.stores = [
-            BlockStore(
-                os.path.join(root, name, str(size)),
-                size,
-                counts[k],
+        try:
+            self.stores = ComponentStores(
+                os.path.join(root, name),
+                self.sizes,
                 pool_bytes=int(opts.get("ucm_pool_bytes", 256 << 20)),
                 disk_blocks=int(opts.get("ucm_disk_blocks", 1 << 20)),
                 workers=int(opts.get("ucm_workers", 2)),
             )
-            for size, k in order
-        ]
-
-    def exists(self, ids: List[bytes]) -> List[bool]:
-        present = [True] * len(ids)
-        for st in self.stores:
-            present = [a and b for a, b in zip(present, st.lookup(ids))]
-        return present
-
-    def leading(self, ids: List[bytes]) -> int:
-        n = len(ids)
-        for st in self.stores:
-            n = min(n, st.lookup_on_prefix(ids[:n]))
-        return n
+        except ValueError as e:
+            raise ValueError(
+                f"HiCache pool `{name}`: {e}; choose a page size that gives page buffers "
+                "of whole 4 KiB"
+            ) from None
 
     def transfer(self, ids: List[bytes], host_indices: Any, is_set: bool, durable: bool) -> List[bool]:
         """Moves every buffer of each page; ``True`` per page that moved whole."""
@@ -139,43 +111,25 @@ class _PoolStores:
             )
         ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
         ptrs, sizes = _flat(ptrs), _flat(sizes)
-        if len(ptrs) != n * self.per_page or sizes[: self.per_page] != self.sizes:
+        per = len(self.sizes)
+        if len(ptrs) != n * per or sizes[:per] != self.sizes:
             raise ValueError(
                 f"HiCache pool `{self.name}`: {len(ptrs)} buffers for {n} pages; the pool's "
                 f"layout changed since it was registered"
             )
-        items: List[Tuple[List[bytes], List[int], List[int], List[int]]] = [
-            ([], [], [], []) for _ in self.stores
-        ]
-        for p, bid in enumerate(ids):
-            for j in range(self.per_page):
-                k, shard = self.where[j]
-                it = items[k]
-                it[0].append(bid)
-                it[1].append(shard)
-                it[2].append(ptrs[p * self.per_page + j])
-                it[3].append(p)
-        ok = [True] * n
-        tasks = []
+        items = [(bid, j, ptrs[p * per + j]) for p, bid in enumerate(ids) for j in range(per)]
         try:
-            for st, (bids, shards, addrs, pages) in zip(self.stores, items):
-                if not bids:
-                    continue
-                t = st.dump(bids, shards, addrs) if is_set else st.load(bids, shards, addrs)
-                tasks.append((st, t, bids))
+            h = self.stores.start("dump" if is_set else "load", items)
         except Exception:  # a refused task: nothing of it moved
             logger.exception("ucm hicache: %s of %d pages refused", "set" if is_set else "get", n)
-            for st, t, _ in tasks:
-                st.wait(t)
             return [False] * n
         index = {bid: p for p, bid in enumerate(ids)}
-        for st, t, _ in tasks:
-            for bid, _shard, kind, detail in st.wait(t, durable=is_set and durable):
-                p = index.get(bytes(bid))
-                if p is not None:
-                    ok[p] = False
-                if kind != "miss":
-                    logger.warning("ucm hicache: page %s of pool %s: %s (%s)", bytes(bid).hex(), self.name, kind, detail)
+        ok = [True] * n
+        for bid, _comp, kind, detail in self.stores.finish(h, durable=is_set and durable):
+            if bid in index:
+                ok[index[bid]] = False
+            if kind != "miss":
+                logger.warning("ucm hicache: page %s of pool %s: %s (%s)", bid.hex(), self.name, kind, detail)
         return ok
 
 
@@ -230,10 +184,10 @@ class UcmHiCacheStorage(HiCacheStorage):
 
     def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
         """The number of leading pages stored."""
-        return self._pool(KV).leading(self._ids(keys))
+        return self._pool(KV).stores.leading(self._ids(keys))
 
     def exists(self, key: str) -> bool:
-        return self._pool(KV).exists(self._ids([key]))[0]
+        return self._pool(KV).stores.exists(self._ids([key]))[0]
 
     def batch_get_v1(
         self, keys: List[str], host_indices: torch.Tensor, extra_info: Optional[HiCacheStorageExtraInfo] = None
@@ -258,13 +212,13 @@ class UcmHiCacheStorage(HiCacheStorage):
         """The usable prefix: KV pages from the start, each further pool
         removing the stop points its hit policy cannot serve."""
         ids = self._ids(keys)
-        kv_pages = self._pool(KV).leading(ids)
+        kv_pages = self._pool(KV).stores.leading(ids)
         hits: Dict[str, int] = {KV: kv_pages} if kv_pages else {}
         restorable = list(range(1, kv_pages + 1))
         for t in pool_transfers or []:
             if not restorable and t.hit_policy != PoolHitPolicy.BLOCK_GROUPS:
                 break
-            present = self._pool(t.name).exists(ids[:kv_pages])
+            present = self._pool(t.name).stores.exists(ids[:kv_pages])
             mine: List[int] = []
             boundary = 0
             if t.hit_policy == PoolHitPolicy.ALL_PAGES:
@@ -328,17 +282,10 @@ class UcmHiCacheStorage(HiCacheStorage):
 
     def _move_one(self, key: str, t: torch.Tensor, is_set: bool) -> bool:
         p = self._pool(KV)
-        addrs = self._page_addrs(t)
         bid = self._ids([key])[0]
-        ok = True
-        for k, st in enumerate(p.stores):
-            comp = [(j, sh) for j, (kk, sh) in enumerate(p.where) if kk == k]
-            ids = [bid] * len(comp)
-            shards = [sh for _, sh in comp]
-            a = [addrs[j] for j, _ in comp]
-            task = st.dump(ids, shards, a) if is_set else st.load(ids, shards, a)
-            ok = not st.wait(task, durable=is_set and self._durable) and ok
-        return ok
+        items = [(bid, j, a) for j, a in enumerate(self._page_addrs(t))]
+        h = p.stores.start("dump" if is_set else "load", items)
+        return not p.stores.finish(h, durable=is_set and self._durable)
 
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
         """The page of ``key`` (into ``target_location`` when given), or None."""
@@ -373,9 +320,7 @@ class UcmHiCacheStorage(HiCacheStorage):
     def ucm_counters(self) -> Dict[str, List[dict]]:
         """UCM's store counters per pool and buffer size (SGLang's own
         ``get_stats`` keeps its default: it expects its StorageMetrics)."""
-        return {
-            name: [st.counters() for st in p.stores] for name, p in self._pools.items()
-        }
+        return {name: p.stores.counters() for name, p in self._pools.items()}
 
 
 __all__ = ["UcmHiCacheStorage"]

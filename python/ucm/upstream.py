@@ -17,9 +17,12 @@ BlockStore (crash-safe disk tier, checksums, durable waits):
   ``check(task)`` polls.
 
 Geometry comes from the configuration dict as upstream's: ``block_size``
-(bytes of a block), ``shard_size`` (bytes of one shard of it) and
-``tensor_size`` (bytes of each tensor of a shard; default ``shard_size``).
-``storage_backends`` names the directory (one). UCM's own keys, all
+(bytes of a block), ``shard_size`` (bytes of one shard of it) and the
+tensors of a shard, ``tensor_size_list`` (bytes of each, as upstream's
+connector passes them) or ``tensor_size`` (all equal; default
+``shard_size``). A store given only ``block_size`` (upstream's scheduler
+side) looks blocks up in the layout the workers recorded. ``storage_backends``
+names the directory (one; a list or a colon-separated string). UCM's own keys, all
 optional: ``ucm_device`` (``cpu`` or ``cuda[:N]``, default ``cpu``: whose
 memory the addresses are), ``ucm_pool_bytes`` (default ``buffer_size``,
 else 256 MiB), ``ucm_disk_blocks`` (block files before GC, default 2^20),
@@ -27,10 +30,10 @@ else 256 MiB), ``ucm_disk_blocks`` (block files before GC, default 2^20),
 disk, not just in the memory tier; default false), ``ucm_workers``.
 ``transfer_enable: False`` (a scheduler-side store) refuses transfers.
 
-Each tensor of a shard is one shard of UCM's store (shard ``shard_index *
-tensors_per_shard + j``), so a block's file holds every tensor of every
-shard, and a block is present only once every shard was dumped, whatever
-the tasks that carried them. Unlike upstream, one task may carry every
+Each tensor of a shard is one component of the block (``shard_index *
+tensors_per_shard + j``; tensors of different sizes live in different
+BlockStores, see ``ucm._components``), and a block is present only once
+every shard was dumped, whatever the tasks that carried them. Unlike upstream, one task may carry every
 shard of a block without losing any.
 
 When upstream's package is importable beside this one (``ucm.store`` on
@@ -45,7 +48,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence
 
-from ucm._ucm import BlockStore
+from ucm._components import ComponentStores, Handle
 
 try:  # upstream's interface, when its package is installed beside this one
     from ucm.store.ucmstore_v1 import Task as _Task  # type: ignore
@@ -150,16 +153,10 @@ class UcmPipelineStore(_Base):
     def __init__(self, config: Dict[str, object]) -> None:
         super().__init__(config)
         block = _positive_int(config, "block_size")
-        shard = _positive_int(config, "shard_size", block)
-        tensor = _positive_int(config, "tensor_size", shard)
-        if shard % tensor or block % shard:
-            raise ValueError(
-                f"upstream store config: block_size {block} must be a multiple of "
-                f"shard_size {shard}, itself a multiple of tensor_size {tensor}"
-            )
+        tensors = self._tensor_sizes(config, block)
         backends = config.get("storage_backends")
         if isinstance(backends, str):
-            backends = [backends]
+            backends = [b for b in backends.split(":") if b]
         if not backends or not isinstance(backends, (list, tuple)):
             raise ValueError("upstream store config: `storage_backends` names the directory")
         if len(backends) != 1:
@@ -167,24 +164,50 @@ class UcmPipelineStore(_Base):
                 f"upstream store config: {len(backends)} storage_backends; UCM keeps one "
                 "directory per store (put a shared filesystem behind it to spread load)"
             )
-        self._tensor = tensor
-        self._per_shard = shard // tensor
-        self._shards = block // shard
         self._transfers = bool(config.get("transfer_enable", True))
         self._durable = bool(config.get("ucm_durable_wait", False))
+        self._device = str(config.get("ucm_device", "cpu"))
         pool = config.get("ucm_pool_bytes", config.get("buffer_size", 256 << 20))
-        self._store = BlockStore(
+        self._tensors = tensors
+        sizes = None if tensors is None else tensors * (block // sum(tensors))
+        self._store = ComponentStores(
             str(backends[0]),
-            tensor,
-            block // tensor,
+            sizes,
             pool_bytes=int(pool),
             disk_blocks=int(config.get("ucm_disk_blocks", 1 << 20)),
             workers=int(config.get("ucm_workers", 2)),
-            device=str(config.get("ucm_device", "cpu")),
+            device=self._device,
         )
-        self._device = str(config.get("ucm_device", "cpu")).split(":")[0]
-        # Per task: (block_id, shard_index, tensor) of each store item.
-        self._items: Dict[int, Dict[tuple, tuple]] = {}
+        self._tasks: Dict[int, Handle] = {}
+        self._next = 1
+
+    @staticmethod
+    def _tensor_sizes(config: Dict[str, object], block: int):
+        """The bytes of each tensor of a shard, or None when the config
+        gives only ``block_size``."""
+        if not any(k in config for k in ("tensor_size_list", "tensor_size", "shard_size")):
+            return None
+        shard = _positive_int(config, "shard_size") if "shard_size" in config else None
+        if "tensor_size_list" in config:
+            ts = config["tensor_size_list"]
+            if not isinstance(ts, (list, tuple)) or not ts:
+                raise ValueError("upstream store config: `tensor_size_list` is a list of byte sizes")
+            tensors = [_positive_int({"tensor_size_list": t}, "tensor_size_list") for t in ts]
+        else:
+            shard = shard or block
+            t = _positive_int(config, "tensor_size", shard)
+            if shard % t:
+                raise ValueError(
+                    f"upstream store config: shard_size {shard} must be a multiple of tensor_size {t}"
+                )
+            tensors = [t] * (shard // t)
+        shard = shard or sum(tensors)
+        if sum(tensors) != shard or block % shard:
+            raise ValueError(
+                f"upstream store config: block_size {block} must be a multiple of "
+                f"shard_size {shard}, itself the sum of its tensors ({sum(tensors)})"
+            )
+        return tensors
 
     # -- presence -----------------------------------------------------------
 
@@ -196,12 +219,12 @@ class UcmPipelineStore(_Base):
 
     def lookup(self, block_ids: List[bytes]) -> List[bool]:
         """Presence of each block: every shard stored."""
-        return self._store.lookup([bytes(b) for b in block_ids])
+        return self._store.exists([bytes(b) for b in block_ids])
 
     def lookup_on_prefix(self, block_ids: List[bytes]) -> int:
         """Index of the last block of the leading run of present blocks;
         -1 when the first is missing."""
-        return self._store.lookup_on_prefix([bytes(b) for b in block_ids]) - 1
+        return self._store.leading([bytes(b) for b in block_ids]) - 1
 
     def prefetch(self, block_ids: List[bytes]) -> None:
         """Starts bringing disk blocks into the memory tier (a hint)."""
@@ -216,108 +239,123 @@ class UcmPipelineStore(_Base):
 
     # -- transfers ----------------------------------------------------------
 
-    def _flatten(self, block_ids, shard_index, rows: List[List[int]]):
+    def _geometry(self) -> List[int]:
+        if not self._transfers:
+            raise RuntimeError("this store was configured with transfer_enable=False")
+        if self._tensors is None:
+            raise RuntimeError(
+                "this store was configured with block_size only (a scheduler side): "
+                "transfers need shard_size and tensor_size(_list)"
+            )
+        return self._tensors
+
+    def _items(self, block_ids, shard_index, rows: List[List[int]], sizes=None):
+        tensors = self._geometry()
+        shards = self._store.components // len(tensors)
         if not (len(block_ids) == len(shard_index) == len(rows)):
             raise ValueError(
                 f"{len(block_ids)} block ids, {len(shard_index)} shard indices and "
                 f"{len(rows)} rows of addresses: one of each per block"
             )
-        ids, shards, addrs, names = [], [], [], {}
-        for b, s, row in zip(block_ids, shard_index, rows):
-            b = bytes(b)
-            s = int(s)
-            if not 0 <= s < self._shards:
-                raise ValueError(f"shard index {s}: a block has {self._shards} shard(s)")
-            if len(row) != self._per_shard:
+        items = []
+        for i, (b, s, row) in enumerate(zip(block_ids, shard_index, rows)):
+            b, s = bytes(b), int(s)
+            if not 0 <= s < shards:
+                raise ValueError(f"shard index {s}: a block has {shards} shard(s)")
+            if len(row) != len(tensors):
                 raise ValueError(
                     f"block {b.hex()} shard {s}: {len(row)} tensor(s), a shard has "
-                    f"{self._per_shard} of {self._tensor} bytes"
+                    f"{len(tensors)} of {tensors} bytes"
                 )
             for j, a in enumerate(row):
-                unit = s * self._per_shard + j
-                ids.append(b)
-                shards.append(unit)
-                addrs.append(a)
-                names[(b, unit)] = (b, s, j)
-        return ids, shards, addrs, names
-
-    def _tensor_rows(self, tensors: Sequence[Sequence[Any]]) -> List[List[int]]:
-        rows = []
-        for i, row in enumerate(tensors):
-            out = []
-            for j, t in enumerate(row):
-                nbytes = t.numel() * t.element_size()
-                if nbytes != self._tensor or not t.is_contiguous():
+                if sizes is not None and sizes[i][j] != tensors[j]:
                     raise ValueError(
-                        f"tensor [{i}][{j}]: {nbytes} bytes"
-                        f"{'' if t.is_contiguous() else ', not contiguous'}; "
-                        f"tensor_size is {self._tensor}"
+                        f"tensor [{i}][{j}]: {sizes[i][j]} bytes; tensor_size is {tensors[j]}"
                     )
-                if t.device.type != self._device:
+                items.append((b, s * len(tensors) + j, a))
+        return items
+
+    def _tensor_rows(self, tensors: Sequence[Sequence[Any]]):
+        rows, sizes = [], []
+        for i, row in enumerate(tensors):
+            out, size = [], []
+            for j, t in enumerate(row):
+                if not t.is_contiguous():
+                    raise ValueError(f"tensor [{i}][{j}] is not contiguous")
+                if t.device.type != self._device.split(":")[0]:
                     raise ValueError(
                         f"tensor [{i}][{j}] is on {t.device}; this store moves "
                         f"`{self._device}` memory (config `ucm_device`)"
                     )
                 out.append(t.data_ptr())
+                size.append(t.numel() * t.element_size())
             rows.append(out)
-        return rows
+            sizes.append(size)
+        return rows, sizes
 
-    def _start(self, kind: str, block_ids, shard_index, rows, event: int = 0) -> UcmStoreTask:
-        if not self._transfers:
-            raise RuntimeError("this store was configured with transfer_enable=False")
-        ids, shards, addrs, names = self._flatten(block_ids, shard_index, rows)
-        if kind == "load":
-            tid = self._store.load(ids, shards, addrs)
-        else:
-            tid = self._store.dump(ids, shards, addrs, event=int(event))
-        self._items[tid] = names
+    def _start(self, kind: str, items, event: int = 0) -> UcmStoreTask:
+        h = self._store.start(kind, items, int(event))
+        tid, self._next = self._next, self._next + 1
+        self._tasks[tid] = h
         return UcmStoreTask(tid, kind)
 
     def load(self, block_ids, shard_index, dst_tensor) -> UcmStoreTask:
         """Starts copying each block's shard into ``dst_tensor[i][j]``."""
-        return self._start("load", block_ids, shard_index, self._tensor_rows(dst_tensor))
+        rows, sizes = self._tensor_rows(dst_tensor)
+        return self._start("load", self._items(block_ids, shard_index, rows, sizes))
 
     def dump(self, block_ids, shard_index, src_tensor) -> UcmStoreTask:
         """Starts storing ``src_tensor[i][j]`` as each block's shard."""
-        return self._start("dump", block_ids, shard_index, self._tensor_rows(src_tensor))
+        rows, sizes = self._tensor_rows(src_tensor)
+        return self._start("dump", self._items(block_ids, shard_index, rows, sizes))
 
     def load_data(self, block_ids, shard_index, dst_addr) -> UcmStoreTask:
         """As ``load``, to raw addresses; the memory stays allocated until
         ``wait``."""
-        return self._start("load", block_ids, shard_index, _rows(dst_addr))
+        return self._start("load", self._items(block_ids, shard_index, _rows(dst_addr)))
 
     def dump_data(
         self, block_ids, shard_index, src_addr, prerequisite_handle: int = 0
     ) -> UcmStoreTask:
         """As ``dump``, from raw addresses, after the engine event
         ``prerequisite_handle`` (0: the bytes are ready now)."""
-        return self._start("dump", block_ids, shard_index, _rows(src_addr), prerequisite_handle)
+        items = self._items(block_ids, shard_index, _rows(src_addr))
+        return self._start("dump", items, prerequisite_handle)
+
+    def _handle(self, task: UcmStoreTask) -> Handle:
+        h = self._tasks.get(getattr(task, "task_id", None))
+        if h is None:
+            raise ValueError(f"task {getattr(task, 'task_id', task)}: unknown or already waited for")
+        return h
 
     def wait(self, task: UcmStoreTask) -> None:
         """Blocks until the task ends; raises :class:`UcmStoreError` if any
         item did not succeed (nothing is silently partial)."""
-        names = self._items.pop(task.task_id, None)
-        if names is None:
-            raise ValueError(f"task {task.task_id}: unknown or already waited for")
-        report = self._store.wait(task.task_id, durable=self._durable and task.kind == "dump")
+        h = self._handle(task)
+        del self._tasks[task.task_id]
+        report = self._store.finish(h, durable=self._durable)
         if report:
-            problems = [(*names[(bytes(b), s)], k, d) for b, s, k, d in report]
+            per = len(self._tensors)
+            problems = [(b, c // per, c % per, k, d) for b, c, k, d in report]
             raise UcmStoreError(f"{task.kind} task {task.task_id}", problems)
 
     def check(self, task: UcmStoreTask) -> bool:
         """True once the task has finished (``wait`` then returns at once)."""
-        if task.task_id not in self._items:
-            raise ValueError(f"task {task.task_id}: unknown or already waited for")
-        return self._store.check(task.task_id)
+        return self._store.check(self._handle(task))
 
     def counters(self) -> dict:
-        """UCM's store counters (pool hits, disk reads, misses, ...)."""
-        return self._store.counters()
+        """UCM's store counters, summed over the component stores."""
+        out: Dict[str, int] = {}
+        for c in self._store.counters():
+            for k, v in c.items():
+                if k != "component_bytes":
+                    out[k] = out.get(k, 0) + v
+        return out
 
     def close(self) -> None:
         """Waits for every task in flight (the memory may be freed after)."""
         self._store.settle()
-        self._items.clear()
+        self._tasks.clear()
 
 
 __all__ = [
