@@ -157,12 +157,7 @@ impl PyBlockStore {
     /// `failed` or `not_durable` (empty: every item succeeded). With
     /// `durable`, a dump also waits for its whole blocks to be on disk.
     #[pyo3(signature = (task, durable=false))]
-    fn wait<'py>(
-        &self,
-        py: Python<'py>,
-        task: u64,
-        durable: bool,
-    ) -> PyResult<Vec<Problem<'py>>> {
+    fn wait<'py>(&self, py: Python<'py>, task: u64, durable: bool) -> PyResult<Vec<Problem<'py>>> {
         let report = py.detach(|| self.0.wait(task, durable)).map_err(err)?;
         Ok(report
             .into_iter()
