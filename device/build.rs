@@ -11,19 +11,73 @@
 //! 2. builds the host-memory test double `libucm_acl_double.so` from
 //!    `ascend/acl_double.c` and exports its path as `UCM_ACL_DOUBLE_PATH`.
 //!
+//! With feature `cuda` it builds the host-memory test double of the CUDA
+//! driver, `libucm_cuda_double.so` (soname `libcuda.so`) from
+//! `cuda/cuda_double.c`, and exports its path as `UCM_CUDA_DOUBLE_PATH`.
+//!
 //! A missing toolkit never fails the build.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     #[cfg(feature = "ascend")]
     ascend::build();
+    #[cfg(feature = "cuda")]
+    double::build(
+        "cuda/cuda_double.c",
+        "libucm_cuda_double.so",
+        &["-Wl,-soname,libcuda.so"],
+        "UCM_CUDA_DOUBLE_PATH",
+    );
+}
+
+/// Builds a host-memory stand-in of a driver library as a shared library and
+/// exports its path to the crate as `env` (empty when it cannot be built:
+/// the double only serves tests, which then fail saying so).
+#[cfg(any(feature = "cuda", feature = "ascend"))]
+mod double {
+    use std::env;
+    use std::path::PathBuf;
+    use std::process::Command;
+
+    pub fn build(src: &str, name: &str, extra: &[&str], var: &str) {
+        let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+        let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
+        let src = manifest.join(src);
+        println!("cargo:rerun-if-changed={}", src.display());
+        let so = out.join(name);
+        let compiler = cc::Build::new().get_compiler();
+        let include = src
+            .parent()
+            .map(|d| format!("-I{}", d.display()))
+            .unwrap_or_default();
+        let status = Command::new(compiler.path())
+            .args(["-O2", "-shared", "-fPIC", "-Wall", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .arg(include)
+            .args(extra)
+            .args(["-lpthread", "-lm"])
+            .output();
+        match status {
+            Ok(o) if o.status.success() => {
+                println!("cargo:rustc-env={var}={}", so.display());
+            }
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).replace('\n', " "),
+                    Err(e) => e.to_string(),
+                };
+                println!("cargo:warning=ucm-device: cannot build {name}: {why}");
+                println!("cargo:rustc-env={var}=");
+            }
+        }
+    }
 }
 
 #[cfg(feature = "ascend")]
 mod ascend {
     use std::env;
     use std::path::{Path, PathBuf};
-    use std::process::Command;
 
     /// The ACL functions the backend calls (all others are left out).
     const FUNCTIONS: &[&str] = &[
@@ -121,35 +175,11 @@ mod ascend {
             .write_to_file(out.join("acl_sys.rs"))
             .expect("cannot write acl_sys.rs");
 
-        build_double(&manifest, &out);
-    }
-
-    /// Builds the host-memory ACL stand-in as a shared library.
-    fn build_double(manifest: &Path, out: &Path) {
-        let src = manifest.join("ascend").join("acl_double.c");
-        println!("cargo:rerun-if-changed={}", src.display());
-        let so = out.join("libucm_acl_double.so");
-        let compiler = cc::Build::new().get_compiler();
-        let status = Command::new(compiler.path())
-            .args(["-O2", "-shared", "-fPIC", "-Wall", "-o"])
-            .arg(&so)
-            .arg(&src)
-            .arg(format!("-I{}", manifest.join("ascend").display()))
-            .arg("-lpthread")
-            .output();
-        match status {
-            Ok(o) if o.status.success() => {
-                println!("cargo:rustc-env=UCM_ACL_DOUBLE_PATH={}", so.display());
-            }
-            other => {
-                // The double only serves tests, which then fail saying so.
-                let why = match other {
-                    Ok(o) => String::from_utf8_lossy(&o.stderr).replace('\n', " "),
-                    Err(e) => e.to_string(),
-                };
-                println!("cargo:warning=ucm-device: cannot build the ACL test double: {why}");
-                println!("cargo:rustc-env=UCM_ACL_DOUBLE_PATH=");
-            }
-        }
+        super::double::build(
+            "ascend/acl_double.c",
+            "libucm_acl_double.so",
+            &[],
+            "UCM_ACL_DOUBLE_PATH",
+        );
     }
 }

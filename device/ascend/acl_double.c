@@ -506,12 +506,20 @@ aclError aclrtMemcpyBatchAsync(void **dsts, size_t *destMaxs, void **srcs, size_
     NEED_DEVICE("aclrtMemcpyBatchAsync");
     if (!dsts || !destMaxs || !srcs || !sizes || !attrs || !attrsIndexes || numAttrs == 0 || !failIndex)
         return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync", "null argument");
+    /* attrs[k] applies to runs attrsIndexes[k] .. attrsIndexes[k + 1] - 1 (the
+     * last to the end): the first index is 0 and they increase. */
+    if (numAttrs > numBatches || attrsIndexes[0] != 0) {
+        *failIndex = 0;
+        return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync", "bad attribute indexes");
+    }
+    for (size_t k = 1; k < numAttrs; k++) {
+        if (attrsIndexes[k] <= attrsIndexes[k - 1] || attrsIndexes[k] >= numBatches) {
+            *failIndex = attrsIndexes[k - 1];
+            return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync", "bad attribute indexes");
+        }
+    }
     /* Validate everything first: a bad run rejects the whole batch. */
     for (size_t i = 0; i < numBatches; i++) {
-        if (attrsIndexes[i] >= numAttrs) {
-            *failIndex = i;
-            return fail(ACL_ERROR_INVALID_PARAM, "aclrtMemcpyBatchAsync", "bad attribute index");
-        }
         aclError r = check_copy(dsts[i], destMaxs[i], srcs[i], sizes[i], ACL_MEMCPY_DEFAULT,
                                 "aclrtMemcpyBatchAsync");
         if (r != ACL_SUCCESS) {

@@ -58,6 +58,7 @@ pub fn download<D: Device>(dev: &D, mem: &Memory, at: usize, len: usize) -> Resu
 /// Runs every check in order.
 pub fn run_all<D: Device>(dev: &D) -> Result<()> {
     round_trip(dev)?;
+    copies_wait_for_earlier_work(dev)?;
     two_streams_ordered_by_event(dev)?;
     scatter_gather(dev)?;
     wait_event_does_not_block_host(dev)?;
@@ -84,6 +85,45 @@ pub fn round_trip<D: Device>(dev: &D) -> Result<()> {
     back.read_host(0, &mut got)?;
     if got != data {
         return Err(fail("round trip H2D -> D2D -> D2H changed the bytes"));
+    }
+    Ok(())
+}
+
+/// A copy queued behind a blocked host function does not run before it:
+/// another stream still reads the old bytes, and `synchronize_stream` waits
+/// for the copy (a copy submitted to another stream than the one given
+/// fails this).
+pub fn copies_wait_for_earlier_work<D: Device>(dev: &D) -> Result<()> {
+    let len = 64 << 10;
+    let data = pattern(5, len);
+    let src = dev.alloc_pinned(len)?;
+    let back = dev.alloc_pinned(len)?;
+    let d = dev.alloc_device(len)?;
+    src.write_host(0, &data)?;
+    let (s, other) = (dev.create_stream()?, dev.create_stream()?);
+    let open = gate(dev, &s)?;
+    dev.copy_batch_async(
+        &s,
+        &[
+            CopyRun::new(&d, 0, &src, 0, len / 2),
+            CopyRun::new(&d, len / 2, &src, len / 2, len / 2),
+        ],
+    )?;
+    thread::sleep(Duration::from_millis(20));
+    dev.copy_async(&other, &CopyRun::new(&back, 0, &d, 0, len))?;
+    dev.synchronize_stream(&other)?;
+    let mut got = vec![0u8; len];
+    back.read_host(0, &mut got)?;
+    if got == data {
+        return Err(fail("a copy ran before the work queued ahead of it"));
+    }
+    drop(open);
+    dev.synchronize_stream(&s)?;
+    dev.copy_async(&other, &CopyRun::new(&back, 0, &d, 0, len))?;
+    dev.synchronize_stream(&other)?;
+    back.read_host(0, &mut got)?;
+    if got != data {
+        return Err(fail("synchronize_stream returned before the stream's copy"));
     }
     Ok(())
 }

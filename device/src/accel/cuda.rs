@@ -8,6 +8,14 @@
 //! panics (errors are kept, see [`CudaDevice::take_deferred_errors`]).
 //! Sticky errors of host functions follow the same positions scheme as the
 //! Ascend backend (`docs/decisions.md`, D17).
+//!
+//! cudarc opens libcuda by name (`libcuda.so`, then versioned names) through
+//! the loader path. `UCM_CUDA_LIB`, when set, names a library file loaded
+//! first (once per process); since the loader matches later opens by soname,
+//! cudarc then uses that file. This is how tests run the backend against the
+//! host-memory double of the driver (`cuda/cuda_double.c`, built by
+//! `build.rs`; [`double_path`]), and how a driver outside the loader path can
+//! be named.
 
 use std::ffi::c_void;
 use std::ffi::CString;
@@ -43,14 +51,94 @@ fn unsupported(reason: String) -> DeviceError {
     }
 }
 
+/// The library `UCM_CUDA_LIB` or [`preload_library`] loaded, kept for the
+/// rest of the process (cudarc holds its symbols).
+static PRELOADED: Mutex<Option<(std::path::PathBuf, libloading::Library)>> = Mutex::new(None);
+
+/// Loads the CUDA driver library at `path` before cudarc looks for
+/// `libcuda.so`, so that cudarc uses it (the loader matches the soname). Once
+/// per process: loading another path after the first is an error, as is a
+/// file whose soname is not `libcuda.so`'s (cudarc would not find it).
+///
+/// # Safety
+/// Loading runs the library's initialisers; `path` must be a CUDA driver
+/// library (or its test double), and no other libcuda may be in use yet.
+pub unsafe fn preload_library(path: &std::path::Path) -> Result<()> {
+    let mut slot = PRELOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((have, _)) = slot.as_ref() {
+        if have == path {
+            return Ok(());
+        }
+        return Err(unsupported(format!(
+            "{} is loaded as libcuda already; {} cannot replace it in this process",
+            have.display(),
+            path.display()
+        )));
+    }
+    // SAFETY: the caller's contract.
+    let lib = unsafe { libloading::Library::new(path) }
+        .map_err(|e| unsupported(format!("cannot load {}: {e}", path.display())))?;
+    // SAFETY: only opens by name; the preloaded file answers if its soname
+    // is libcuda.so, else the name resolves elsewhere or not at all.
+    let same = unsafe {
+        match (
+            lib.get::<unsafe extern "C" fn()>(b"cuInit"),
+            libloading::Library::new("libcuda.so"),
+        ) {
+            (Ok(a), Ok(by_name)) => by_name
+                .get::<unsafe extern "C" fn()>(b"cuInit")
+                .is_ok_and(|b| *a as usize == *b as usize),
+            _ => false,
+        }
+    };
+    if !same {
+        return Err(unsupported(format!(
+            "{}: not found again as libcuda.so (no cuInit, or another soname)",
+            path.display()
+        )));
+    }
+    *slot = Some((path.to_path_buf(), lib));
+    Ok(())
+}
+
+/// Loads `UCM_CUDA_LIB` once, when set; its failure is kept and returned by
+/// every later call.
+fn preload_from_env() -> Result<()> {
+    static DONE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(
+        || match std::env::var_os("UCM_CUDA_LIB").filter(|p| !p.is_empty()) {
+            None => Ok(()),
+            // SAFETY: the operator names a CUDA driver library (or the double).
+            Some(p) => {
+                unsafe { preload_library(std::path::Path::new(&p)) }.map_err(|e| e.to_string())
+            }
+        },
+    )
+    .clone()
+    .map_err(|why| unsupported(format!("UCM_CUDA_LIB: {why}")))
+}
+
+/// Path of the host-memory CUDA driver double built by `build.rs` (`None`
+/// when it could not be built).
+pub fn double_path() -> Option<std::path::PathBuf> {
+    let p = env!("UCM_CUDA_DOUBLE_PATH");
+    (!p.is_empty()).then(|| std::path::PathBuf::from(p))
+}
+
 /// True when libcuda can be loaded here. Never panics.
 pub fn driver_present() -> bool {
+    if preload_from_env().is_err() {
+        return false;
+    }
     // SAFETY: only tries to dlopen the candidate library names.
     unsafe { sys::is_culib_present() }
 }
 
 /// What `ucm info` says of the CUDA backend. Never panics.
 pub fn probe() -> (bool, String) {
+    if let Err(e) = preload_from_env() {
+        return (false, e.to_string());
+    }
     if !driver_present() {
         return (
             false,
@@ -196,6 +284,7 @@ impl CudaDevice {
     /// Opens GPU `ordinal`. Without a driver this is an `Unsupported` error,
     /// never a panic.
     pub fn new(ordinal: usize) -> Result<Self> {
+        preload_from_env()?;
         if !driver_present() {
             return Err(unsupported(
                 "libcuda not found (no NVIDIA driver on this machine)".into(),
@@ -522,27 +611,31 @@ impl Device for CudaDevice {
         let s = stream.raw.0;
         if runs.len() > 1 && self.batch_api() {
             let ordinal = self.ctx.cu.ordinal();
-            let mut dsts: Vec<u64> = runs
-                .iter()
-                .map(|(r, _)| r.dst.addr() + r.dst_offset as u64)
-                .collect();
-            let mut srcs: Vec<u64> = runs
-                .iter()
-                .map(|(r, _)| r.src.addr() + r.src_offset as u64)
-                .collect();
-            let mut sizes: Vec<usize> = runs.iter().map(|(r, _)| r.len).collect();
-            let (mut attrs, mut idx) = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
+            let plan = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
                 srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
                 srcLocHint: location(r.src.kind(), ordinal),
                 dstLocHint: location(r.dst.kind(), ordinal),
                 flags: 0,
             });
+            let mut dsts: Vec<u64> = plan
+                .order
+                .iter()
+                .map(|&i| runs[i].0.dst.addr() + runs[i].0.dst_offset as u64)
+                .collect();
+            let mut srcs: Vec<u64> = plan
+                .order
+                .iter()
+                .map(|&i| runs[i].0.src.addr() + runs[i].0.src_offset as u64)
+                .collect();
+            let mut sizes: Vec<usize> = plan.order.iter().map(|&i| runs[i].0.len).collect();
+            let (mut attrs, mut starts) = (plan.attrs.clone(), plan.starts.clone());
             for _ in &runs {
                 stream.state.next();
             }
             let mut fail = usize::MAX;
-            // SAFETY: every run was validated; the arrays have one entry per
-            // run and every index is below `attrs.len()`; memory stays alive
+            // SAFETY: every run was validated; the copy arrays have one entry
+            // per run, `attrs` and `starts` one per group (`starts[0] == 0`,
+            // increasing, below the run count); memory stays alive
             // (allocations drain the context before release).
             return unsafe {
                 sys::cuMemcpyBatchAsync(
@@ -551,14 +644,14 @@ impl Device for CudaDevice {
                     sizes.as_mut_ptr(),
                     dsts.len(),
                     attrs.as_mut_ptr(),
-                    idx.as_mut_ptr(),
+                    starts.as_mut_ptr(),
                     attrs.len(),
                     &mut fail,
                     s,
                 )
             }
             .result()
-            .map_err(|e| at_run(drv("cuMemcpyBatchAsync")(e), fail));
+            .map_err(|e| at_run(drv("cuMemcpyBatchAsync")(e), plan.run_at(fail)));
         }
         for (r, k) in runs {
             stream.state.next();

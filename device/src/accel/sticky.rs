@@ -31,25 +31,84 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The attribute table of a batch-copy API (one entry per direction in the
-/// batch, built by `make` from its first run) and each run's index into it.
+/// How a batch goes to a batch-copy API (`cuMemcpyBatchAsync`,
+/// `aclrtMemcpyBatchAsync`): both take `numAttrs` attribute entries and as
+/// many indices, `attrsIdxs[k]` being the first copy that `attrs[k]` applies
+/// to (up to the next entry's first copy; the first is 0, they increase).
+/// So the runs are grouped by direction (stable, groups in order of first
+/// appearance; copies within a batch are unordered anyway), one entry per
+/// group, built by `make` from the group's first run.
+pub(crate) struct BatchPlan<A> {
+    /// Run indices in submission order (grouped by direction).
+    pub order: Vec<usize>,
+    /// One attribute entry per group.
+    pub attrs: Vec<A>,
+    /// The position in `order` of each group's first run.
+    pub starts: Vec<usize>,
+}
+
+impl<A> BatchPlan<A> {
+    /// The caller's run index of position `i` of the submitted batch (a
+    /// failure index as the API reports it); out of range stays as it is.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn run_at(&self, i: usize) -> usize {
+        self.order.get(i).copied().unwrap_or(i)
+    }
+}
+
 pub(crate) fn batch_attributes<A>(
     runs: &[(&CopyRun<'_>, CopyKind)],
     make: impl Fn(&CopyRun<'_>) -> A,
-) -> (Vec<A>, Vec<usize>) {
-    let mut attrs = Vec::new();
+) -> BatchPlan<A> {
     let mut kinds: Vec<CopyKind> = Vec::new();
-    let idx = runs
-        .iter()
-        .map(|(r, k)| {
-            kinds.iter().position(|x| x == k).unwrap_or_else(|| {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, (_, k)) in runs.iter().enumerate() {
+        match kinds.iter().position(|x| x == k) {
+            Some(g) => groups[g].push(i),
+            None => {
                 kinds.push(*k);
-                attrs.push(make(r));
-                attrs.len() - 1
-            })
-        })
-        .collect();
-    (attrs, idx)
+                groups.push(vec![i]);
+            }
+        }
+    }
+    let mut plan = BatchPlan {
+        order: Vec::with_capacity(runs.len()),
+        attrs: Vec::with_capacity(groups.len()),
+        starts: Vec::with_capacity(groups.len()),
+    };
+    for g in groups {
+        plan.starts.push(plan.order.len());
+        plan.attrs.push(make(runs[g[0]].0));
+        plan.order.extend(g);
+    }
+    plan
+}
+
+#[cfg(test)]
+mod batch_plan_tests {
+    use super::*;
+    use crate::{Device, HostDevice};
+
+    #[test]
+    fn runs_are_grouped_by_direction_with_one_entry_per_group() {
+        let dev = HostDevice::new();
+        let h = dev.alloc_pinned(4096).unwrap();
+        let d = dev.alloc_device(4096).unwrap();
+        let runs = [
+            CopyRun::new(&d, 0, &h, 0, 64),
+            CopyRun::new(&h, 64, &d, 64, 64),
+            CopyRun::new(&d, 128, &h, 128, 64),
+            CopyRun::new(&d, 256, &d, 512, 64),
+            CopyRun::new(&h, 256, &d, 1024, 64),
+        ];
+        let v = CopyRun::validate_batch(&runs, dev.id(), 1).unwrap();
+        let plan = batch_attributes(&v, |r| r.dst_offset);
+        assert_eq!(plan.order, [0, 2, 1, 4, 3]);
+        assert_eq!(plan.starts, [0, 2, 4]);
+        assert_eq!(plan.attrs, [0, 64, 256]);
+        assert_eq!(plan.run_at(3), 4);
+        assert_eq!(plan.run_at(usize::MAX), usize::MAX);
+    }
 }
 
 /// Names the failing run of a batch in a driver error's message.

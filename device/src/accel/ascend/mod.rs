@@ -553,24 +553,29 @@ impl Device for AscendDevice {
         let lib = self.ctx.lib();
         let addr = |m: &Memory, off: usize| (m.addr() as usize + off) as *mut c_void;
         if runs.len() > 1 && self.batch_api() {
-            let mut dsts: Vec<_> = runs
-                .iter()
-                .map(|(r, _)| addr(r.dst, r.dst_offset))
-                .collect();
-            let mut maxs: Vec<_> = runs
-                .iter()
-                .map(|(r, _)| r.dst.len() - r.dst_offset)
-                .collect();
-            let mut srcs: Vec<_> = runs
-                .iter()
-                .map(|(r, _)| addr(r.src, r.src_offset))
-                .collect();
-            let mut sizes: Vec<_> = runs.iter().map(|(r, _)| r.len).collect();
-            let (mut attrs, mut idx) = batch_attributes(&runs, |r| sys::aclrtMemcpyBatchAttr {
+            let plan = batch_attributes(&runs, |r| sys::aclrtMemcpyBatchAttr {
                 dstLoc: location(r.dst.kind(), self.ctx.device),
                 srcLoc: location(r.src.kind(), self.ctx.device),
                 ..Default::default()
             });
+            let run = |i: &usize| runs[*i].0;
+            let mut dsts: Vec<_> = plan
+                .order
+                .iter()
+                .map(|i| addr(run(i).dst, run(i).dst_offset))
+                .collect();
+            let mut maxs: Vec<_> = plan
+                .order
+                .iter()
+                .map(|i| run(i).dst.len() - run(i).dst_offset)
+                .collect();
+            let mut srcs: Vec<_> = plan
+                .order
+                .iter()
+                .map(|i| addr(run(i).src, run(i).src_offset))
+                .collect();
+            let mut sizes: Vec<_> = plan.order.iter().map(|i| run(i).len).collect();
+            let (mut attrs, mut idx) = (plan.attrs.clone(), plan.starts.clone());
             for _ in &runs {
                 stream.state.next();
             }
@@ -586,6 +591,7 @@ impl Device for AscendDevice {
                     &mut sizes,
                     &mut attrs,
                     &mut idx,
+                    &plan.order,
                     stream.raw.0,
                 )
             };

@@ -314,12 +314,15 @@ pub fn has_batch_copy(lib: &AclLib) -> bool {
     lib.aclrtMemcpyBatchAsync.is_ok()
 }
 
-/// `aclrtMemcpyBatchAsync`. On failure the error names the failing run.
+/// `aclrtMemcpyBatchAsync`. On failure the error names the failing run, as
+/// `order[failIndex]` (the caller's index of the submitted position).
 ///
 /// # Safety
 /// 1. As [`memcpy_async`], for every run.
-/// 2. All slices have one entry per run; every `attr_index` is below
-///    `attrs.len()`.
+/// 2. `dsts`, `dst_maxs`, `srcs` and `sizes` have one entry per run;
+///    `attrs` and `attr_indexes` one per attribute entry, `attr_indexes[k]`
+///    being the first run `attrs[k]` applies to (`0` first, increasing,
+///    below the run count), as ACL documents.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn memcpy_batch_async(
     lib: &AclLib,
@@ -329,6 +332,7 @@ pub unsafe fn memcpy_batch_async(
     sizes: &mut [usize],
     attrs: &mut [sys::aclrtMemcpyBatchAttr],
     attr_indexes: &mut [usize],
+    order: &[usize],
     s: sys::aclrtStream,
 ) -> Result<()> {
     let f = lib
@@ -351,5 +355,7 @@ pub unsafe fn memcpy_batch_async(
         &mut fail_index,
         s,
     );
-    check(lib, "aclrtMemcpyBatchAsync", rc).map_err(|e| at_run(e, fail_index))
+    // The failing position, as the caller's run index (`order`).
+    let run = order.get(fail_index).copied().unwrap_or(fail_index);
+    check(lib, "aclrtMemcpyBatchAsync", rc).map_err(|e| at_run(e, run))
 }
