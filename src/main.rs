@@ -485,6 +485,17 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
         #[cfg(feature = "cuda")]
         "cuda" => {
             let dev = ucm::device::accel::cuda::CudaDevice::new(a.index as usize).map_err(err)?;
+            if let Some((path, double)) = ucm::device::accel::cuda::preloaded() {
+                progress(&if double {
+                    format!(
+                        "note: libcuda is UCM's host-memory test double ({}): a smoke run, \
+                         the figures below measure memcpy on threads, not a GPU",
+                        path.display()
+                    )
+                } else {
+                    format!("note: libcuda is {} (UCM_CUDA_LIB)", path.display())
+                });
+            }
             let chunk = cfg.chunk;
             let raw = |d: &Memory, s: &Memory, n: usize| dev.raw_copy(d, s, n, chunk);
             records.extend(devbench::run(&dev, &raw, &cfg, progress).map_err(err)?);

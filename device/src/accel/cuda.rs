@@ -109,13 +109,27 @@ fn preload_from_env() -> Result<()> {
         || match std::env::var_os("UCM_CUDA_LIB").filter(|p| !p.is_empty()) {
             None => Ok(()),
             // SAFETY: the operator names a CUDA driver library (or the double).
-            Some(p) => {
-                unsafe { preload_library(std::path::Path::new(&p)) }.map_err(|e| e.to_string())
-            }
+            Some(p) => unsafe { preload_library(std::path::Path::new(&p)) }.map_err(|e| match e {
+                DeviceError::Unsupported { reason, .. } => reason,
+                other => other.to_string(),
+            }),
         },
     )
     .clone()
     .map_err(|why| unsupported(format!("UCM_CUDA_LIB: {why}")))
+}
+
+/// The library loaded in place of the loader's libcuda (`UCM_CUDA_LIB` or
+/// [`preload_library`]), and whether it is UCM's host-memory test double
+/// (it exports the double's controls). `None`: cudarc's own search.
+pub fn preloaded() -> Option<(std::path::PathBuf, bool)> {
+    let _ = preload_from_env();
+    let slot = PRELOADED.lock().unwrap_or_else(|e| e.into_inner());
+    slot.as_ref().map(|(p, lib)| {
+        // SAFETY: a symbol lookup only.
+        let double = unsafe { lib.get::<unsafe extern "C" fn()>(b"ucm_cuda_double_stats") }.is_ok();
+        (p.clone(), double)
+    })
 }
 
 /// Path of the host-memory CUDA driver double built by `build.rs` (`None`
@@ -137,7 +151,11 @@ pub fn driver_present() -> bool {
 /// What `ucm info` says of the CUDA backend. Never panics.
 pub fn probe() -> (bool, String) {
     if let Err(e) = preload_from_env() {
-        return (false, e.to_string());
+        let why = match e {
+            DeviceError::Unsupported { reason, .. } => reason,
+            other => other.to_string(),
+        };
+        return (false, why);
     }
     if !driver_present() {
         return (
