@@ -44,6 +44,8 @@ mod double {
         let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
         let src = manifest.join(src);
         println!("cargo:rerun-if-changed={}", src.display());
+        let shared = manifest.join("doubles").join("stream_queue.h");
+        println!("cargo:rerun-if-changed={}", shared.display());
         let so = out.join(name);
         let compiler = cc::Build::new().get_compiler();
         let include = src

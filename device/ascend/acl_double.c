@@ -16,12 +16,14 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "acl_vendored.h"
+#include "../doubles/stream_queue.h"
 
 #define ACL_SUCCESS 0
 #define ACL_ERROR_INVALID_PARAM 100000
@@ -32,34 +34,22 @@
 #define ACL_ERROR_RT_FEATURE_NOT_SUPPORT 207000
 #define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
 
+#define MAGIC_STREAM 0x41434c53u
+#define MAGIC_EVENT 0x41434c45u
+
 /* ---- errors and fault injection ---------------------------------------- */
 
 static __thread char g_msg[256];
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_fail_api[64];
-static int g_fail_code;
 
 static aclError fail(aclError code, const char *api, const char *why) {
     snprintf(g_msg, sizeof g_msg, "%s: %s (double)", api, why);
     return code;
 }
 
-void ucm_acl_double_fail_next(const char *api, int code) {
-    pthread_mutex_lock(&g_lock);
-    snprintf(g_fail_api, sizeof g_fail_api, "%s", api);
-    g_fail_code = code;
-    pthread_mutex_unlock(&g_lock);
-}
+void ucm_acl_double_fail_next(const char *api, int code) { dq_fail_next(api, code); }
 
 static int injected(const char *api) {
-    int code = 0;
-    pthread_mutex_lock(&g_lock);
-    if (g_fail_code != 0 && strcmp(g_fail_api, api) == 0) {
-        code = g_fail_code;
-        g_fail_code = 0;
-        g_fail_api[0] = 0;
-    }
-    pthread_mutex_unlock(&g_lock);
+    int code = dq_injected(api);
     if (code != 0) snprintf(g_msg, sizeof g_msg, "%s: injected failure %d (double)", api, code);
     return code;
 }
@@ -87,12 +77,6 @@ static int64_t g_device_refs;
 void ucm_acl_double_stats(ucm_acl_double_stats_t *out) {
     pthread_mutex_lock(&g_lock);
     *out = g_stats;
-    pthread_mutex_unlock(&g_lock);
-}
-
-static void bump(int64_t *field, int64_t by) {
-    pthread_mutex_lock(&g_lock);
-    *field += by;
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -227,19 +211,13 @@ aclError aclrtHostUnregister(void *ptr) {
 
 /* ---- events ------------------------------------------------------------- */
 
-typedef struct event {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t recorded, completed;
-} event_t;
+typedef dq_event_t event_t;
 
 aclError aclrtCreateEvent(aclrtEvent *out) {
     NEED_DEVICE("aclrtCreateEvent");
     if (!out) return fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateEvent", "null out");
-    event_t *e = calloc(1, sizeof *e);
+    event_t *e = dq_event_new(MAGIC_EVENT);
     if (!e) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtCreateEvent", "out of memory");
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
     *out = e;
     bump(&g_stats.live_events, 1);
     return ACL_SUCCESS;
@@ -248,14 +226,14 @@ aclError aclrtCreateEvent(aclrtEvent *out) {
 aclError aclrtDestroyEvent(aclrtEvent ev) {
     NEED_DEVICE("aclrtDestroyEvent");
     event_t *e = ev;
-    if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent", "null event");
-    /* Waits until pending records complete, so queued work never sees a freed event. */
-    pthread_mutex_lock(&e->mu);
-    while (e->completed < e->recorded) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->cv);
-    free(e);
+    if (!e || e->magic != MAGIC_EVENT) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent", "null event");
+    /* Waits until queued records and waits have run, so queued work never
+     * sees a freed event. */
+    while (!dq_event_idle(e)) {
+        dq_event_sync(e);
+        sched_yield();
+    }
+    dq_event_free(e);
     bump(&g_stats.live_events, -1);
     return ACL_SUCCESS;
 }
@@ -264,175 +242,58 @@ aclError aclrtQueryEventStatus(aclrtEvent ev, aclrtEventRecordedStatus *status) 
     NEED_DEVICE("aclrtQueryEventStatus");
     event_t *e = ev;
     if (!e || !status) return fail(ACL_ERROR_INVALID_PARAM, "aclrtQueryEventStatus", "null argument");
-    pthread_mutex_lock(&e->mu);
-    *status = e->completed >= e->recorded ? ACL_EVENT_RECORDED_STATUS_COMPLETE
-                                          : ACL_EVENT_RECORDED_STATUS_NOT_READY;
-    pthread_mutex_unlock(&e->mu);
+    *status = dq_event_done(e) ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
     return ACL_SUCCESS;
-}
-
-static void event_wait(event_t *e, uint64_t epoch) {
-    pthread_mutex_lock(&e->mu);
-    while (e->completed < epoch) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
 }
 
 aclError aclrtSynchronizeEvent(aclrtEvent ev) {
     NEED_DEVICE("aclrtSynchronizeEvent");
     event_t *e = ev;
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeEvent", "null event");
-    pthread_mutex_lock(&e->mu);
-    uint64_t epoch = e->recorded;
-    pthread_mutex_unlock(&e->mu);
-    event_wait(e, epoch);
+    dq_event_sync(e);
     return ACL_SUCCESS;
 }
 
 /* ---- streams ------------------------------------------------------------ */
 
-enum op_kind { OP_COPY, OP_RECORD, OP_WAIT, OP_HOST_FN, OP_STOP };
-
-typedef struct op {
-    enum op_kind kind;
-    void *dst;
-    const void *src;
-    size_t len;
-    event_t *event;
-    uint64_t epoch;
-    aclrtHostFunc fn;
-    void *args;
-    struct op *next;
-} op_t;
-
-typedef struct stream {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    op_t *head, *tail;
-    uint64_t submitted, completed;
-    pthread_t thread;
-} stream_t;
-
-/* Live streams, so that aclrtSynchronizeDevice can drain them all. */
-#define MAX_STREAMS 1024
-static stream_t *g_streams[MAX_STREAMS];
-
-static void track(stream_t *s, int add) {
-    pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < MAX_STREAMS; i++) {
-        if (add && !g_streams[i]) { g_streams[i] = s; break; }
-        if (!add && g_streams[i] == s) { g_streams[i] = NULL; break; }
-    }
-    pthread_mutex_unlock(&g_lock);
-}
-
-static void *stream_main(void *arg) {
-    stream_t *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->head) pthread_cond_wait(&s->cv, &s->mu);
-        op_t *op = s->head;
-        s->head = op->next;
-        if (!s->head) s->tail = NULL;
-        pthread_mutex_unlock(&s->mu);
-        int stop = 0;
-        switch (op->kind) {
-        case OP_COPY: memmove(op->dst, op->src, op->len); break;
-        case OP_RECORD:
-            pthread_mutex_lock(&op->event->mu);
-            if (op->epoch > op->event->completed) op->event->completed = op->epoch;
-            pthread_cond_broadcast(&op->event->cv);
-            pthread_mutex_unlock(&op->event->mu);
-            break;
-        case OP_WAIT: event_wait(op->event, op->epoch); break;
-        case OP_HOST_FN: op->fn(op->args); break;
-        case OP_STOP: stop = 1; break;
-        }
-        free(op);
-        pthread_mutex_lock(&s->mu);
-        s->completed++;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        if (stop) return NULL;
-    }
-}
-
-static aclError push(stream_t *s, op_t *op, const char *api) {
-    if (!s) {
-        free(op);
-        return fail(ACL_ERROR_INVALID_PARAM, api, "null stream");
-    }
-    op->next = NULL;
-    pthread_mutex_lock(&s->mu);
-    if (s->tail) s->tail->next = op; else s->head = op;
-    s->tail = op;
-    s->submitted++;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return ACL_SUCCESS;
-}
-
-static op_t *new_op(enum op_kind kind) {
-    op_t *op = calloc(1, sizeof *op);
-    if (op) op->kind = kind;
-    return op;
-}
+typedef dq_stream_t stream_t;
 
 aclError aclrtCreateStreamWithConfig(aclrtStream *out, uint32_t priority, uint32_t flag) {
     NEED_DEVICE("aclrtCreateStreamWithConfig");
     (void)priority;
     (void)flag;
     if (!out) return fail(ACL_ERROR_INVALID_PARAM, "aclrtCreateStream", "null out");
-    stream_t *s = calloc(1, sizeof *s);
+    stream_t *s = dq_stream_new(MAGIC_STREAM, NULL, NULL);
     if (!s) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtCreateStream", "out of memory");
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
-        free(s);
-        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtCreateStream", "no thread");
-    }
     *out = s;
-    track(s, 1);
     bump(&g_stats.live_streams, 1);
     return ACL_SUCCESS;
 }
 
 aclError aclrtCreateStream(aclrtStream *out) { return aclrtCreateStreamWithConfig(out, 0, 0); }
 
+#define STREAM_ARG(api, st)                                                   \
+    stream_t *s = (st);                                                       \
+    if (!s || s->magic != MAGIC_STREAM) return fail(ACL_ERROR_INVALID_PARAM, api, "null stream")
+
 aclError aclrtSynchronizeStream(aclrtStream st) {
     NEED_DEVICE("aclrtSynchronizeStream");
-    stream_t *s = st;
-    if (!s) return fail(ACL_ERROR_INVALID_PARAM, "aclrtSynchronizeStream", "null stream");
-    pthread_mutex_lock(&s->mu);
-    uint64_t target = s->submitted;
-    while (s->completed < target) pthread_cond_wait(&s->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    STREAM_ARG("aclrtSynchronizeStream", st);
+    dq_drain(s);
     return ACL_SUCCESS;
 }
 
 aclError aclrtDestroyStream(aclrtStream st) {
     NEED_DEVICE("aclrtDestroyStream");
-    stream_t *s = st;
-    if (!s) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyStream", "null stream");
-    op_t *stop = new_op(OP_STOP);
-    if (!stop) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtDestroyStream", "out of memory");
-    track(s, 0);
-    push(s, stop, "aclrtDestroyStream");
-    pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    STREAM_ARG("aclrtDestroyStream", st);
+    dq_stream_free(s);
     bump(&g_stats.live_streams, -1);
     return ACL_SUCCESS;
 }
 
 aclError aclrtSynchronizeDevice(void) {
     NEED_DEVICE("aclrtSynchronizeDevice");
-    stream_t *snapshot[MAX_STREAMS];
-    pthread_mutex_lock(&g_lock);
-    memcpy(snapshot, g_streams, sizeof snapshot);
-    pthread_mutex_unlock(&g_lock);
-    for (int i = 0; i < MAX_STREAMS; i++)
-        if (snapshot[i]) aclrtSynchronizeStream(snapshot[i]);
+    dq_drain_all(NULL);
     return ACL_SUCCESS;
 }
 
@@ -440,36 +301,29 @@ aclError aclrtRecordEvent(aclrtEvent ev, aclrtStream st) {
     NEED_DEVICE("aclrtRecordEvent");
     event_t *e = ev;
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtRecordEvent", "null event");
-    op_t *op = new_op(OP_RECORD);
-    if (!op) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtRecordEvent", "out of memory");
-    pthread_mutex_lock(&e->mu);
-    op->event = e;
-    op->epoch = ++e->recorded;
-    pthread_mutex_unlock(&e->mu);
-    return push(st, op, "aclrtRecordEvent");
+    STREAM_ARG("aclrtRecordEvent", st);
+    dq_push_record(s, e);
+    return ACL_SUCCESS;
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream st, aclrtEvent ev) {
     NEED_DEVICE("aclrtStreamWaitEvent");
     event_t *e = ev;
     if (!e) return fail(ACL_ERROR_INVALID_PARAM, "aclrtStreamWaitEvent", "null event");
-    op_t *op = new_op(OP_WAIT);
-    if (!op) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtStreamWaitEvent", "out of memory");
-    pthread_mutex_lock(&e->mu);
-    op->event = e;
-    op->epoch = e->recorded;
-    pthread_mutex_unlock(&e->mu);
-    return push(st, op, "aclrtStreamWaitEvent");
+    STREAM_ARG("aclrtStreamWaitEvent", st);
+    dq_push_wait(s, e);
+    return ACL_SUCCESS;
 }
 
 aclError aclrtLaunchHostFunc(aclrtStream st, aclrtHostFunc fn, void *args) {
     NEED_DEVICE("aclrtLaunchHostFunc");
     if (!fn) return fail(ACL_ERROR_INVALID_PARAM, "aclrtLaunchHostFunc", "null function");
-    op_t *op = new_op(OP_HOST_FN);
-    if (!op) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtLaunchHostFunc", "out of memory");
-    op->fn = fn;
+    STREAM_ARG("aclrtLaunchHostFunc", st);
+    dq_op_t *op = dq_op(DQ_HOST_FN);
+    op->host_fn = fn;
     op->args = args;
-    return push(st, op, "aclrtLaunchHostFunc");
+    dq_push(s, op);
+    return ACL_SUCCESS;
 }
 
 /* ---- copies ------------------------------------------------------------- */
@@ -491,12 +345,13 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
     NEED_DEVICE("aclrtMemcpyAsync");
     aclError r = check_copy(dst, destMax, src, count, kind, "aclrtMemcpyAsync");
     if (r != ACL_SUCCESS) return r;
-    op_t *op = new_op(OP_COPY);
-    if (!op) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtMemcpyAsync", "out of memory");
+    STREAM_ARG("aclrtMemcpyAsync", st);
+    dq_op_t *op = dq_op(DQ_COPY);
     op->dst = dst;
     op->src = src;
     op->len = count;
-    return push(st, op, "aclrtMemcpyAsync");
+    dq_push(s, op);
+    return ACL_SUCCESS;
 }
 
 aclError aclrtMemcpyBatchAsync(void **dsts, size_t *destMaxs, void **srcs, size_t *sizes,
@@ -527,16 +382,13 @@ aclError aclrtMemcpyBatchAsync(void **dsts, size_t *destMaxs, void **srcs, size_
             return r;
         }
     }
+    STREAM_ARG("aclrtMemcpyBatchAsync", st);
     for (size_t i = 0; i < numBatches; i++) {
-        op_t *op = new_op(OP_COPY);
-        if (!op) {
-            *failIndex = i;
-            return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "aclrtMemcpyBatchAsync", "out of memory");
-        }
+        dq_op_t *op = dq_op(DQ_COPY);
         op->dst = dsts[i];
         op->src = srcs[i];
         op->len = sizes[i];
-        push(st, op, "aclrtMemcpyBatchAsync");
+        dq_push(s, op);
     }
     *failIndex = SIZE_MAX;
     return ACL_SUCCESS;

@@ -14,7 +14,8 @@
  *     pointer or a range outside its allocation is CUDA_ERROR_INVALID_VALUE.
  *   - each stream is an in-order queue run by a thread; events carry epochs
  *     (a record completes when the stream reaches it; a wait holds the stream
- *     until the epoch the event had when the wait was queued).
+ *     until the epoch the event had when the wait was queued): the machinery
+ *     shared with the ACL double, ../doubles/stream_queue.h.
  *   - a launch of `ucm_layer_compute` (device/cuda/layer_compute.ptx) runs a
  *     host loop with the same arithmetic; other kernels are not found.
  *   - one primary context per device, reference counted; calls need cuInit
@@ -36,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../doubles/stream_queue.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -67,17 +70,9 @@ typedef void (*CUhostFn)(void *);
 
 /* ---- errors and fault injection ---------------------------------------- */
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static char g_fail_api[64];
-static int g_fail_code;
 static int g_fail_stream_code;
 
-void ucm_cuda_double_fail_next(const char *api, int code) {
-    pthread_mutex_lock(&g_lock);
-    snprintf(g_fail_api, sizeof g_fail_api, "%s", api);
-    g_fail_code = code;
-    pthread_mutex_unlock(&g_lock);
-}
+void ucm_cuda_double_fail_next(const char *api, int code) { dq_fail_next(api, code); }
 
 void ucm_cuda_double_fail_stream(int code) {
     pthread_mutex_lock(&g_lock);
@@ -85,17 +80,7 @@ void ucm_cuda_double_fail_stream(int code) {
     pthread_mutex_unlock(&g_lock);
 }
 
-static int injected(const char *api) {
-    int code = 0;
-    pthread_mutex_lock(&g_lock);
-    if (g_fail_code != 0 && strcmp(g_fail_api, api) == 0) {
-        code = g_fail_code;
-        g_fail_code = 0;
-        g_fail_api[0] = 0;
-    }
-    pthread_mutex_unlock(&g_lock);
-    return code;
-}
+#define injected dq_injected
 
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 
@@ -146,12 +131,6 @@ static ucm_cuda_double_stats_t g_stats;
 void ucm_cuda_double_stats(ucm_cuda_double_stats_t *out) {
     pthread_mutex_lock(&g_lock);
     *out = g_stats;
-    pthread_mutex_unlock(&g_lock);
-}
-
-static void bump(int64_t *field, int64_t by) {
-    pthread_mutex_lock(&g_lock);
-    *field += by;
     pthread_mutex_unlock(&g_lock);
 }
 
@@ -428,24 +407,15 @@ CUresult cuMemHostUnregister(void *p) {
 
 /* ---- events ------------------------------------------------------------- */
 
-typedef struct event {
-    uint32_t magic;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t recorded, completed;
-    int64_t users; /* queued records and waits */
-} event_t;
+typedef dq_event_t event_t;
 
 static int live_event(event_t *e) { return e && e->magic == MAGIC_EVENT; }
 
 CUresult cuEventCreate(void **out, unsigned int flags) {
     NEED_CTX("cuEventCreate");
     if (!out || (flags & ~0xfu)) return CUDA_ERROR_INVALID_VALUE;
-    event_t *e = calloc(1, sizeof *e);
+    event_t *e = dq_event_new(MAGIC_EVENT);
     if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-    e->magic = MAGIC_EVENT;
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
     *out = e;
     bump(&g_stats.live_events, 1);
     return CUDA_SUCCESS;
@@ -455,14 +425,8 @@ CUresult cuEventDestroy_v2(void *ev) {
     NEED_INIT("cuEventDestroy");
     event_t *e = ev;
     if (!live_event(e)) return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&e->mu);
-    int busy = e->users > 0;
-    pthread_mutex_unlock(&e->mu);
-    if (busy) return CUDA_ERROR_ILLEGAL_STATE;
-    e->magic = 0;
-    pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->cv);
-    free(e);
+    if (!dq_event_idle(e)) return CUDA_ERROR_ILLEGAL_STATE;
+    dq_event_free(e);
     bump(&g_stats.live_events, -1);
     return CUDA_SUCCESS;
 }
@@ -471,62 +435,22 @@ CUresult cuEventQuery(void *ev) {
     NEED_CTX("cuEventQuery");
     event_t *e = ev;
     if (!live_event(e)) return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&e->mu);
-    int done = e->completed >= e->recorded;
-    pthread_mutex_unlock(&e->mu);
+    int done = dq_event_done(e);
     if (t_current->sticky) return t_current->sticky;
     return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
-}
-
-static void event_wait(event_t *e, uint64_t epoch) {
-    pthread_mutex_lock(&e->mu);
-    while (e->completed < epoch) pthread_cond_wait(&e->cv, &e->mu);
-    pthread_mutex_unlock(&e->mu);
 }
 
 CUresult cuEventSynchronize(void *ev) {
     NEED_CTX("cuEventSynchronize");
     event_t *e = ev;
     if (!live_event(e)) return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&e->mu);
-    uint64_t epoch = e->recorded;
-    pthread_mutex_unlock(&e->mu);
-    event_wait(e, epoch);
+    dq_event_sync(e);
     return t_current->sticky ? t_current->sticky : CUDA_SUCCESS;
 }
 
 /* ---- streams ------------------------------------------------------------ */
 
-enum op_kind { OP_COPY, OP_RECORD, OP_WAIT, OP_HOST_FN, OP_KERNEL, OP_STOP };
-
-struct module;
-
-typedef struct op {
-    enum op_kind kind;
-    void *dst;
-    const void *src;
-    size_t len;
-    region_t *r1, *r2; /* regions the op uses (released when it ran) */
-    event_t *event;
-    uint64_t epoch;
-    CUhostFn fn;
-    void *args;
-    float *x;
-    uint64_t n;
-    uint32_t iters;
-    struct module *module;
-    struct op *next;
-} op_t;
-
-typedef struct stream {
-    uint32_t magic;
-    ctx_t *ctx;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    op_t *head, *tail;
-    uint64_t submitted, completed;
-    pthread_t thread;
-} stream_t;
+typedef dq_stream_t stream_t;
 
 typedef struct module {
     uint32_t magic;
@@ -538,139 +462,38 @@ typedef struct func {
     module_t *module;
 } func_t;
 
-#define MAX_STREAMS 1024
-static stream_t *g_streams[MAX_STREAMS];
-
-static void track(stream_t *s, int add) {
-    pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < MAX_STREAMS; i++) {
-        if (add && !g_streams[i]) { g_streams[i] = s; break; }
-        if (!add && g_streams[i] == s) { g_streams[i] = NULL; break; }
-    }
-    pthread_mutex_unlock(&g_lock);
-}
-
 static int live_stream(stream_t *s) { return s && s->magic == MAGIC_STREAM; }
 
-/* The host equivalent of ucm_layer_compute (layer_compute.ptx). */
-static void layer_compute(float *x, uint64_t n, uint32_t iters) {
-    for (uint64_t i = 0; i < n; i++) {
-        float v = x[i];
-        for (uint32_t k = 0; k < iters; k++) v = __builtin_fmaf(v, 0.9999f, 0.5f);
-        x[i] = v;
-    }
-}
+static ctx_t *ctx_of(stream_t *s) { return s->owner; }
 
-static void *stream_main(void *arg) {
-    stream_t *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->head) pthread_cond_wait(&s->cv, &s->mu);
-        op_t *op = s->head;
-        s->head = op->next;
-        if (!s->head) s->tail = NULL;
-        pthread_mutex_unlock(&s->mu);
-        int stop = 0, fail = 0;
-        if (op->kind != OP_STOP && op->kind != OP_RECORD && op->kind != OP_WAIT) {
-            pthread_mutex_lock(&g_lock);
-            fail = g_fail_stream_code;
-            g_fail_stream_code = 0;
-            if (fail && !s->ctx->sticky) s->ctx->sticky = fail;
-            pthread_mutex_unlock(&g_lock);
-        }
-        switch (op->kind) {
-        case OP_COPY:
-            if (!fail) memmove(op->dst, op->src, op->len);
-            break;
-        case OP_RECORD:
-            pthread_mutex_lock(&op->event->mu);
-            if (op->epoch > op->event->completed) op->event->completed = op->epoch;
-            op->event->users--;
-            pthread_cond_broadcast(&op->event->cv);
-            pthread_mutex_unlock(&op->event->mu);
-            break;
-        case OP_WAIT:
-            event_wait(op->event, op->epoch);
-            pthread_mutex_lock(&op->event->mu);
-            op->event->users--;
-            pthread_mutex_unlock(&op->event->mu);
-            break;
-        case OP_HOST_FN: op->fn(op->args); break;
-        case OP_KERNEL:
-            if (!fail) layer_compute(op->x, op->n, op->iters);
-            pthread_mutex_lock(&g_lock);
-            op->module->users--;
-            pthread_mutex_unlock(&g_lock);
-            break;
-        case OP_STOP: stop = 1; break;
-        }
-        release_use(op->r1);
-        release_use(op->r2);
-        free(op);
-        pthread_mutex_lock(&s->mu);
-        s->completed++;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        if (stop) return NULL;
-    }
-}
-
-static void push(stream_t *s, op_t *op) {
-    op->next = NULL;
-    pthread_mutex_lock(&s->mu);
-    if (s->tail) s->tail->next = op; else s->head = op;
-    s->tail = op;
-    s->submitted++;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
-static op_t *new_op(enum op_kind kind) {
-    op_t *op = calloc(1, sizeof *op);
-    if (!op) abort();
-    op->kind = kind;
-    return op;
+/* An injected device error: the next copy, launch or host function of any
+ * stream fails, and the error sticks to the stream's context. */
+static int stream_fails(stream_t *s) {
+    pthread_mutex_lock(&g_lock);
+    int fail = g_fail_stream_code;
+    g_fail_stream_code = 0;
+    if (fail && !ctx_of(s)->sticky) ctx_of(s)->sticky = fail;
+    pthread_mutex_unlock(&g_lock);
+    return fail;
 }
 
 CUresult cuStreamCreate(void **out, unsigned int flags) {
     NEED_CTX("cuStreamCreate");
     if (!out || flags > 1) return CUDA_ERROR_INVALID_VALUE;
-    stream_t *s = calloc(1, sizeof *s);
+    stream_t *s = dq_stream_new(MAGIC_STREAM, t_current, stream_fails);
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
-    s->magic = MAGIC_STREAM;
-    s->ctx = t_current;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    if (pthread_create(&s->thread, NULL, stream_main, s) != 0) {
-        free(s);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     *out = s;
-    track(s, 1);
     bump(&g_stats.live_streams, 1);
     return CUDA_SUCCESS;
 }
 
-static void drain(stream_t *s) {
-    pthread_mutex_lock(&s->mu);
-    uint64_t target = s->submitted;
-    while (s->completed < target) pthread_cond_wait(&s->cv, &s->mu);
-    pthread_mutex_unlock(&s->mu);
-}
-
 /* CUDA lets a stream with queued work be destroyed (the work still runs):
- * so does the double, which drains it first. */
+ * so does the double, which runs it first. */
 CUresult cuStreamDestroy_v2(void *st) {
     NEED_INIT("cuStreamDestroy");
     stream_t *s = st;
     if (!live_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    track(s, 0);
-    push(s, new_op(OP_STOP));
-    pthread_join(s->thread, NULL);
-    s->magic = 0;
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    dq_stream_free(s);
     bump(&g_stats.live_streams, -1);
     return CUDA_SUCCESS;
 }
@@ -679,19 +502,14 @@ CUresult cuStreamSynchronize(void *st) {
     NEED_INIT("cuStreamSynchronize");
     stream_t *s = st;
     if (!live_stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-    drain(s);
-    return s->ctx->sticky ? s->ctx->sticky : CUDA_SUCCESS;
+    dq_drain(s);
+    return ctx_of(s)->sticky ? ctx_of(s)->sticky : CUDA_SUCCESS;
 }
 
 CUresult cuCtxSynchronize(void) {
     NEED_INIT("cuCtxSynchronize");
     if (!t_current) return CUDA_ERROR_INVALID_CONTEXT;
-    stream_t *snapshot[MAX_STREAMS];
-    pthread_mutex_lock(&g_lock);
-    memcpy(snapshot, g_streams, sizeof snapshot);
-    pthread_mutex_unlock(&g_lock);
-    for (int i = 0; i < MAX_STREAMS; i++)
-        if (snapshot[i] && snapshot[i]->ctx == t_current) drain(snapshot[i]);
+    dq_drain_all(t_current);
     return t_current->sticky ? t_current->sticky : CUDA_SUCCESS;
 }
 
@@ -699,19 +517,13 @@ CUresult cuCtxSynchronize(void) {
     NEED_CTX(api);                                                        \
     stream_t *s = (st);                                                   \
     if (!live_stream(s)) return CUDA_ERROR_INVALID_HANDLE;                \
-    if (s->ctx != t_current) return CUDA_ERROR_INVALID_CONTEXT
+    if (ctx_of(s) != t_current) return CUDA_ERROR_INVALID_CONTEXT
 
 CUresult cuEventRecord(void *ev, void *st) {
     NEED_STREAM("cuEventRecord", st);
     event_t *e = ev;
     if (!live_event(e)) return CUDA_ERROR_INVALID_HANDLE;
-    op_t *op = new_op(OP_RECORD);
-    pthread_mutex_lock(&e->mu);
-    op->event = e;
-    op->epoch = ++e->recorded;
-    e->users++;
-    pthread_mutex_unlock(&e->mu);
-    push(s, op);
+    dq_push_record(s, e);
     return CUDA_SUCCESS;
 }
 
@@ -720,28 +532,28 @@ CUresult cuStreamWaitEvent(void *st, void *ev, unsigned int flags) {
     event_t *e = ev;
     if (!live_event(e)) return CUDA_ERROR_INVALID_HANDLE;
     if (flags > 1) return CUDA_ERROR_INVALID_VALUE;
-    op_t *op = new_op(OP_WAIT);
-    pthread_mutex_lock(&e->mu);
-    op->event = e;
-    op->epoch = e->recorded;
-    e->users++;
-    pthread_mutex_unlock(&e->mu);
-    push(s, op);
+    dq_push_wait(s, e);
     return CUDA_SUCCESS;
 }
 
 CUresult cuLaunchHostFunc(void *st, CUhostFn fn, void *userData) {
     NEED_STREAM("cuLaunchHostFunc", st);
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
-    op_t *op = new_op(OP_HOST_FN);
-    op->fn = fn;
+    dq_op_t *op = dq_op(DQ_HOST_FN);
+    op->host_fn = fn;
     op->args = userData;
     bump(&g_stats.host_fns, 1);
-    push(s, op);
+    dq_push(s, op);
     return CUDA_SUCCESS;
 }
 
 /* ---- copies ------------------------------------------------------------- */
+
+/* After an operation ran: the regions it used may be freed again. */
+static void release_regions(dq_op_t *op) {
+    release_use(op->user[0]);
+    release_use(op->user[1]);
+}
 
 static CUresult queue_copy(stream_t *s, uintptr_t dst, int dst_dev, uintptr_t src, int src_dev,
                            size_t n) {
@@ -754,14 +566,15 @@ static CUresult queue_copy(stream_t *s, uintptr_t dst, int dst_dev, uintptr_t sr
         release_use(rd);
         return r;
     }
-    op_t *op = new_op(OP_COPY);
+    dq_op_t *op = dq_op(DQ_COPY);
     op->dst = (void *)dst;
     op->src = (const void *)src;
     op->len = n;
-    op->r1 = rd;
-    op->r2 = rs;
+    op->user[0] = rd;
+    op->user[1] = rs;
+    op->done = release_regions;
     bump(&g_stats.copies, 1);
-    push(s, op);
+    dq_push(s, op);
     return CUDA_SUCCESS;
 }
 
@@ -856,6 +669,25 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
 
 /* ---- modules and kernels ------------------------------------------------ */
 
+/* The host equivalent of ucm_layer_compute (layer_compute.ptx): `len`
+ * floats at `dst`, `epoch` dependent FMAs each. */
+static void run_layer_compute(dq_op_t *op) {
+    float *x = op->dst;
+    for (size_t i = 0; i < op->len; i++) {
+        float v = x[i];
+        for (uint64_t k = 0; k < op->epoch; k++) v = __builtin_fmaf(v, 0.9999f, 0.5f);
+        x[i] = v;
+    }
+}
+
+static void launch_done(dq_op_t *op) {
+    module_t *m = op->user[2];
+    release_use(op->user[0]);
+    pthread_mutex_lock(&g_lock);
+    m->users--;
+    pthread_mutex_unlock(&g_lock);
+}
+
 CUresult cuModuleLoadData(void **out, const void *image) {
     NEED_CTX("cuModuleLoadData");
     if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
@@ -914,16 +746,18 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     if (n == 0 || n > SIZE_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
     CUresult res = check_side((uintptr_t)x, n * 4, 1, &r);
     if (res != CUDA_SUCCESS) return CUDA_ERROR_ILLEGAL_ADDRESS;
-    op_t *op = new_op(OP_KERNEL);
-    op->x = (float *)(uintptr_t)x;
-    op->n = n;
-    op->iters = iters;
-    op->r1 = r;
-    op->module = f->module;
+    dq_op_t *op = dq_op(DQ_CALL);
+    op->fn = run_layer_compute;
+    op->done = launch_done;
+    op->dst = (void *)(uintptr_t)x;
+    op->len = (size_t)n;
+    op->epoch = iters;
+    op->user[0] = r;
+    op->user[2] = f->module;
     pthread_mutex_lock(&g_lock);
     f->module->users++;
     g_stats.kernel_launches++;
     pthread_mutex_unlock(&g_lock);
-    push(s, op);
+    dq_push(s, op);
     return CUDA_SUCCESS;
 }
