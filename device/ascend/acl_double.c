@@ -16,7 +16,6 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,13 +226,9 @@ aclError aclrtDestroyEvent(aclrtEvent ev) {
     NEED_DEVICE("aclrtDestroyEvent");
     event_t *e = ev;
     if (!e || e->magic != MAGIC_EVENT) return fail(ACL_ERROR_INVALID_PARAM, "aclrtDestroyEvent", "null event");
-    /* Waits until queued records and waits have run, so queued work never
-     * sees a freed event. */
-    while (!dq_event_idle(e)) {
-        dq_event_sync(e);
-        sched_yield();
-    }
-    dq_event_free(e);
+    /* Freed once the records and waits queued on it have run: queued work
+     * never sees a freed event. */
+    dq_event_release(e);
     bump(&g_stats.live_events, -1);
     return ACL_SUCCESS;
 }

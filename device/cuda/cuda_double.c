@@ -22,8 +22,11 @@
  *     and a current context. A stream error is sticky for the context (as
  *     CUDA's asynchronous errors are) until its last release.
  *   - stricter than CUDA where that catches bugs of the caller: freeing or
- *     unregistering memory, destroying an event or unloading a module that
- *     work still queued on a stream uses is CUDA_ERROR_ILLEGAL_STATE.
+ *     unregistering memory, or unloading a module, that work still queued on
+ *     a stream uses is CUDA_ERROR_ILLEGAL_STATE. An event may be destroyed
+ *     while records or waits of it are queued (CUDA allows it): it is freed
+ *     after them. A stream with queued work may be destroyed: its work runs
+ *     first.
  *
  * Test controls (not CUDA):
  *   ucm_cuda_double_fail_next(api, code): the next call of `api` returns code;
@@ -369,6 +372,11 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     return alloc_tagged(pp, size, TAG_HOST, &g_stats.live_host_allocs);
 }
 
+CUresult cuMemAllocHost_v2(void **pp, size_t size) {
+    NEED_CTX("cuMemAllocHost");
+    return alloc_tagged(pp, size, TAG_HOST, &g_stats.live_host_allocs);
+}
+
 CUresult cuMemFreeHost(void *p) {
     NEED_CTX("cuMemFreeHost");
     if (!p) return CUDA_ERROR_INVALID_VALUE;
@@ -425,8 +433,7 @@ CUresult cuEventDestroy_v2(void *ev) {
     NEED_INIT("cuEventDestroy");
     event_t *e = ev;
     if (!live_event(e)) return CUDA_ERROR_INVALID_HANDLE;
-    if (!dq_event_idle(e)) return CUDA_ERROR_ILLEGAL_STATE;
-    dq_event_free(e);
+    dq_event_release(e); /* freed once queued work no longer uses it, as CUDA does */
     bump(&g_stats.live_events, -1);
     return CUDA_SUCCESS;
 }

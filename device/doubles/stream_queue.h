@@ -63,6 +63,7 @@ typedef struct dq_event {
     pthread_cond_t cv;
     uint64_t recorded, completed;
     int64_t users; /* records and waits still queued */
+    int dead;      /* destroyed while in use: freed by the last of them */
 } dq_event_t;
 
 static dq_event_t *dq_event_new(uint32_t magic) {
@@ -81,12 +82,24 @@ static void dq_event_free(dq_event_t *e) {
     free(e);
 }
 
-/* True when no record or wait of the event is queued. */
-static int dq_event_idle(dq_event_t *e) {
+/* Destroys the event now, or once the records and waits queued on it have
+ * run (as CUDA's cuEventDestroy does). The handle is invalid at once. */
+static void dq_event_release(dq_event_t *e) {
     pthread_mutex_lock(&e->mu);
-    int idle = e->users == 0;
+    e->magic = 0;
+    int now = e->users == 0;
+    e->dead = 1;
     pthread_mutex_unlock(&e->mu);
-    return idle;
+    if (now) dq_event_free(e);
+}
+
+/* After a record or wait ran: one user less; the last frees a dead event. */
+static void dq_event_unuse(dq_event_t *e) {
+    pthread_mutex_lock(&e->mu);
+    int last = --e->users == 0 && e->dead;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (last) dq_event_free(e);
 }
 
 /* True when the last record has completed (or none was made). */
@@ -174,15 +187,13 @@ static void *dq_stream_main(void *arg) {
         case DQ_RECORD:
             pthread_mutex_lock(&op->event->mu);
             if (op->epoch > op->event->completed) op->event->completed = op->epoch;
-            op->event->users--;
             pthread_cond_broadcast(&op->event->cv);
             pthread_mutex_unlock(&op->event->mu);
+            dq_event_unuse(op->event);
             break;
         case DQ_WAIT:
             dq_event_wait(op->event, op->epoch);
-            pthread_mutex_lock(&op->event->mu);
-            op->event->users--;
-            pthread_mutex_unlock(&op->event->mu);
+            dq_event_unuse(op->event);
             break;
         case DQ_HOST_FN: op->host_fn(op->args); break; /* runs even so: it owns its argument */
         case DQ_CALL:

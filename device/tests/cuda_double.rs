@@ -366,3 +366,33 @@ fn copies_the_driver_refuses_are_errors() {
     );
     dev.synchronize_stream(&s).unwrap();
 }
+
+#[test]
+fn memory_dropped_while_work_still_uses_it_waits_for_the_work() {
+    // The double refuses to free memory that queued work uses (CUDA leaves it
+    // undefined); the backend drains the context before it releases, so the
+    // drop waits for the gate instead of leaving a deferred error.
+    let _g = serial();
+    let dev = device();
+    let len = 1 << 20;
+    let h = dev.alloc_pinned(len).unwrap();
+    let d = dev.alloc_device(len).unwrap();
+    let s = dev.create_stream().unwrap();
+    let open = conformance::gate(&dev, &s).unwrap();
+    dev.copy_async(&s, &CopyRun::new(&d, 0, &h, 0, len))
+        .unwrap();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(open);
+    });
+    let t = std::time::Instant::now();
+    drop(d);
+    drop(h);
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(40),
+        "the drop did not wait"
+    );
+    opener.join().unwrap();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.synchronize_stream(&s).unwrap();
+}
