@@ -29,12 +29,14 @@
 //! prompt token not served.
 
 //!
-//! Files: [`workload`] (the requests), [`faults`] (injection and the
+//! Files: [`workload`] (the requests), [`trace`] (public traces in the
+//! Mooncake format: reader, token derivation, their own hit figures), [`faults`] (injection and the
 //! accounting of what each fault caused), [`report`] (the figures, text and
 //! SVG); this file runs the modes on the engine harness.
 
 mod faults;
 pub mod report;
+pub mod trace;
 pub mod workload;
 
 use std::collections::HashMap;

@@ -1,0 +1,301 @@
+//! Public production traces in the Mooncake format (FAST'25 trace release;
+//! `../shared/data/mooncake/README.md`): one JSON object per line,
+//! `{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids":
+//! [...]}`, where `hash_ids` are the ids of the prompt's 512-token prefix
+//! blocks (equal ids at equal positions: equal blocks, and so equal
+//! prefixes up to there; the last block may be partial).
+//!
+//! - [`read_trace`] streams a file line by line with an error naming the
+//!   line and the field for anything malformed, and bounds every size (a
+//!   hostile file cannot make it allocate without limit).
+//! - [`prompt_tokens`] and [`output_tokens`] derive token ids: a block's
+//!   tokens are a pure function of its hash id (so equal ids give equal
+//!   tokens, and the trace's sharing is the tokens' sharing); a request's
+//!   output tokens a pure function of its index.
+//! - [`ideal_hit`] and [`lru_hit`] are the trace's own prefix-hit figures
+//!   over full blocks: with unlimited capacity, and with an LRU of block
+//!   ids of a given capacity (what a plain prefix cache over prompt blocks
+//!   can serve), so modes can be set against them.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io::{BufRead, Read};
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::workload::mix;
+
+/// Tokens per hash id of the Mooncake traces.
+pub const TRACE_BLOCK: u64 = 512;
+/// Longest prompt accepted (tokens): 10x the longest contexts served today.
+pub const MAX_INPUT: u64 = 10_000_000;
+/// Longest output accepted (tokens).
+pub const MAX_OUTPUT: u64 = 1_000_000;
+/// Most requests accepted from one file.
+pub const MAX_REQUESTS: usize = 10_000_000;
+/// Longest line accepted (bytes): a 10M-token prompt's ids fit easily.
+pub const MAX_LINE: usize = 1 << 28;
+
+/// One request of a trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceRequest {
+    /// Arrival time, in milliseconds from the trace's start.
+    pub timestamp_ms: u64,
+    /// Prompt tokens.
+    pub input_length: u64,
+    /// Generated tokens.
+    pub output_length: u64,
+    /// Ids of the prompt's 512-token blocks, the last possibly partial.
+    pub hash_ids: Vec<u64>,
+}
+
+impl TraceRequest {
+    /// Prompt blocks that hold all 512 tokens.
+    pub fn full_blocks(&self) -> usize {
+        (self.input_length / TRACE_BLOCK) as usize
+    }
+}
+
+/// What is wrong with a trace file.
+#[derive(Debug)]
+pub enum TraceError {
+    /// The file cannot be read.
+    Io(std::io::Error),
+    /// Line `line` (1-based) is not a request of the format.
+    Line {
+        /// The line number.
+        line: usize,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The file holds no request.
+    Empty,
+    /// More requests than [`MAX_REQUESTS`].
+    TooMany,
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceError::Io(e) => write!(f, "cannot read the trace: {e}"),
+            TraceError::Line { line, why } => write!(f, "trace line {line}: {why}"),
+            TraceError::Empty => write!(f, "the trace holds no request"),
+            TraceError::TooMany => write!(f, "the trace holds more than {MAX_REQUESTS} requests"),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRequest {
+    timestamp: u64,
+    input_length: u64,
+    output_length: u64,
+    hash_ids: Vec<u64>,
+}
+
+/// Parses one line (no newline) as a request.
+pub fn parse_line(text: &str) -> Result<TraceRequest, String> {
+    let raw: RawRequest = serde_json::from_str(text).map_err(|e| {
+        let mut s = e.to_string();
+        s.truncate(200);
+        s
+    })?;
+    if raw.input_length == 0 || raw.input_length > MAX_INPUT {
+        return Err(format!(
+            "input_length {} is outside 1..={MAX_INPUT}",
+            raw.input_length
+        ));
+    }
+    if raw.output_length > MAX_OUTPUT {
+        return Err(format!(
+            "output_length {} is above {MAX_OUTPUT}",
+            raw.output_length
+        ));
+    }
+    let blocks = raw.input_length.div_ceil(TRACE_BLOCK);
+    if raw.hash_ids.len() as u64 != blocks {
+        return Err(format!(
+            "{} hash_ids for input_length {} ({blocks} blocks of {TRACE_BLOCK} tokens)",
+            raw.hash_ids.len(),
+            raw.input_length
+        ));
+    }
+    Ok(TraceRequest {
+        timestamp_ms: raw.timestamp,
+        input_length: raw.input_length,
+        output_length: raw.output_length,
+        hash_ids: raw.hash_ids,
+    })
+}
+
+/// Reads a trace from `reader`. Blank lines are skipped; timestamps must not
+/// decrease (a trace is in arrival order).
+pub fn read_trace_from<R: BufRead>(mut reader: R) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut out = Vec::new();
+    let mut last = 0u64;
+    let mut line = Vec::new();
+    let mut n = 0usize;
+    loop {
+        line.clear();
+        let got = Read::take(&mut reader, MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(TraceError::Io)?;
+        if got == 0 {
+            break;
+        }
+        n += 1;
+        if line.len() > MAX_LINE {
+            return Err(TraceError::Line {
+                line: n,
+                why: format!("longer than {MAX_LINE} bytes"),
+            });
+        }
+        let text = std::str::from_utf8(&line).map_err(|_| TraceError::Line {
+            line: n,
+            why: "not UTF-8".into(),
+        })?;
+        let text = text.trim();
+        if text.is_empty() {
+            continue;
+        }
+        let r = parse_line(text).map_err(|why| TraceError::Line { line: n, why })?;
+        if r.timestamp_ms < last {
+            return Err(TraceError::Line {
+                line: n,
+                why: format!(
+                    "timestamp {} before the previous request's {last}",
+                    r.timestamp_ms
+                ),
+            });
+        }
+        last = r.timestamp_ms;
+        if out.len() == MAX_REQUESTS {
+            return Err(TraceError::TooMany);
+        }
+        out.push(r);
+    }
+    if out.is_empty() {
+        return Err(TraceError::Empty);
+    }
+    Ok(out)
+}
+
+/// Reads the trace file at `path`.
+pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, TraceError> {
+    let f = std::fs::File::open(path).map_err(TraceError::Io)?;
+    read_trace_from(std::io::BufReader::new(f))
+}
+
+/// The 512 tokens of the block with hash id `id` (`seed` varies them).
+fn block_tokens(seed: u64, id: u64, out: &mut Vec<u32>, take: usize) {
+    for j in 0..take as u64 {
+        out.push((mix(seed, 0x0074_7261_6365, id, j) % 100_000) as u32);
+    }
+}
+
+/// The prompt's token ids: block `i`'s tokens are a function of
+/// `hash_ids[i]` only, the last block cut to the prompt's length.
+pub fn prompt_tokens(seed: u64, r: &TraceRequest) -> Vec<u32> {
+    let mut out = Vec::with_capacity(r.input_length as usize);
+    let mut left = r.input_length as usize;
+    for &id in &r.hash_ids {
+        let take = left.min(TRACE_BLOCK as usize);
+        block_tokens(seed, id, &mut out, take);
+        left -= take;
+    }
+    out
+}
+
+/// The output tokens of request number `index` of the trace.
+pub fn output_tokens(seed: u64, index: usize, r: &TraceRequest) -> Vec<u32> {
+    (0..r.output_length)
+        .map(|j| (mix(seed, 0x6f75_7470_7574, index as u64, j) % 100_000) as u32)
+        .collect()
+}
+
+/// Prefix-hit figures of a trace over full 512-token prompt blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HitCount {
+    /// Prompt tokens over the trace.
+    pub input_tokens: u64,
+    /// Tokens of the leading full blocks found.
+    pub hit_tokens: u64,
+}
+
+impl HitCount {
+    /// Hit tokens over input tokens.
+    pub fn rate(&self) -> f64 {
+        if self.input_tokens == 0 {
+            0.0
+        } else {
+            self.hit_tokens as f64 / self.input_tokens as f64
+        }
+    }
+}
+
+/// With unlimited capacity: per request, the leading full blocks whose id
+/// an earlier request's prompt held.
+pub fn ideal_hit(trace: &[TraceRequest]) -> HitCount {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut c = HitCount {
+        input_tokens: 0,
+        hit_tokens: 0,
+    };
+    for r in trace {
+        let full = &r.hash_ids[..r.full_blocks()];
+        let hit = full.iter().take_while(|id| seen.contains(id)).count();
+        c.input_tokens += r.input_length;
+        c.hit_tokens += hit as u64 * TRACE_BLOCK;
+        seen.extend(full.iter().copied());
+    }
+    c
+}
+
+/// A plain prefix cache of `capacity` full blocks with LRU eviction: per
+/// request, the leading blocks it holds are hits (and become most recent),
+/// then the prompt's full blocks are inserted in order.
+pub fn lru_hit(trace: &[TraceRequest], capacity: usize) -> HitCount {
+    // Recency by a counter; eviction takes the smallest stamp (an ordered
+    // map from stamp to id keeps that O(log n)).
+    let mut stamp_of: HashMap<u64, u64> = HashMap::new();
+    let mut by_stamp: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mut clock = 0u64;
+    let mut c = HitCount {
+        input_tokens: 0,
+        hit_tokens: 0,
+    };
+    let mut touch = |id: u64,
+                     stamp_of: &mut HashMap<u64, u64>,
+                     by: &mut std::collections::BTreeMap<u64, u64>| {
+        clock += 1;
+        if let Some(old) = stamp_of.insert(id, clock) {
+            by.remove(&old);
+        }
+        by.insert(clock, id);
+    };
+    for r in trace {
+        let full = &r.hash_ids[..r.full_blocks()];
+        let hit = full
+            .iter()
+            .take_while(|id| stamp_of.contains_key(id))
+            .count();
+        c.input_tokens += r.input_length;
+        c.hit_tokens += hit as u64 * TRACE_BLOCK;
+        if capacity == 0 {
+            continue;
+        }
+        for &id in full {
+            touch(id, &mut stamp_of, &mut by_stamp);
+            while stamp_of.len() > capacity {
+                if let Some((_, victim)) = by_stamp.pop_first() {
+                    stamp_of.remove(&victim);
+                }
+            }
+        }
+    }
+    c
+}
