@@ -33,7 +33,7 @@ fn independent_ideal(trace: &[TraceRequest]) -> u64 {
     for r in trace {
         let full = (r.input_length / TRACE_BLOCK) as usize;
         let mut n = 0;
-        while n < full && seen.contains(&r.hash_ids[..=n].to_vec()) {
+        while n < full && seen.contains(&r.hash_ids[..=n]) {
             n += 1;
         }
         hit += n as u64 * TRACE_BLOCK;
