@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,6 +63,15 @@ pub struct DiskConfig {
     pub low_watermark: u64,
     /// A block touched more recently than this is not touched again.
     pub touch_interval: Duration,
+    /// Block writes of this tier between two counts of the directory's
+    /// files (a walk), each followed by a GC pass when above the high
+    /// watermark; 0: GC runs only when [`DiskTier::gc`] is called. The count
+    /// is also taken as soon as the files last counted plus this tier's
+    /// writes since exceed the high watermark.
+    pub gc_every: u64,
+    /// How long a GC lease holds before another tier may take it over
+    /// (see [`DiskTier::gc`]).
+    pub gc_lease: Duration,
 }
 
 impl DiskConfig {
@@ -74,6 +83,8 @@ impl DiskConfig {
             high_watermark: capacity_blocks,
             low_watermark: capacity_blocks - capacity_blocks / 10,
             touch_interval: Duration::from_secs(1),
+            gc_every: (capacity_blocks / 16).clamp(1, 65_536),
+            gc_lease: Duration::from_secs(60),
         }
     }
 }
@@ -98,6 +109,9 @@ pub struct GcReport {
     pub found: u64,
     /// Block files deleted.
     pub deleted: u64,
+    /// Above the high watermark, but another tier on the directory holds
+    /// the GC lease: it collects, this pass deleted nothing.
+    pub leased_elsewhere: bool,
 }
 
 /// The disk tier of one store instance.
@@ -106,9 +120,11 @@ pub struct DiskTier {
     engine: Arc<dyn IoEngine>,
     header_bytes: usize,
     stats: DiskStats,
-    nonce: AtomicU64,
     touched: Mutex<HashMap<BlockId, Instant>>,
     gc_lock: Mutex<()>,
+    /// Files found by the last walk, and this tier's writes since.
+    last_found: AtomicU64,
+    writes_since: AtomicU64,
     /// Ids this process saw on disk (wrote, or found by a lookup): a
     /// lookup answers them without a `stat`. Lazily invalidated: a read
     /// that finds the file gone or corrupt forgets the id, GC and
@@ -205,9 +221,10 @@ impl DiskTier {
             engine,
             header_bytes,
             stats: DiskStats::default(),
-            nonce: AtomicU64::new(0),
             touched: Mutex::new(HashMap::new()),
             gc_lock: Mutex::new(()),
+            last_found: AtomicU64::new(0),
+            writes_since: AtomicU64::new(0),
             known: Default::default(),
         })
     }
@@ -389,7 +406,7 @@ impl DiskTier {
                 "{}.{}.{}.tmp",
                 hex(&id),
                 paths::writer_id(),
-                self.nonce.fetch_add(1, Ordering::Relaxed)
+                next_nonce()
             ));
             let mut p = Pending {
                 id,
@@ -505,7 +522,9 @@ impl DiskTier {
                 }
             }
         }
+        let written = pending.iter().filter(|p| p.err.is_none()).count() as u64;
         self.remember(pending.iter().filter(|p| p.err.is_none()).map(|p| p.id));
+        self.after_writes(written);
         pending
             .into_iter()
             .map(|p| {
@@ -815,15 +834,70 @@ impl DiskTier {
         deleted
     }
 
-    /// One GC pass: when more than the high watermark of blocks exist,
-    /// deletes the oldest (by mtime) until the low watermark remains.
+    /// Counts the directory's files after enough writes (see
+    /// [`DiskConfig::gc_every`]) and collects when they are too many. Runs
+    /// on the writing thread (a store worker), never on the engine's.
+    fn after_writes(&self, n: u64) {
+        if self.cfg.gc_every == 0 || n == 0 {
+            return;
+        }
+        let since = self.writes_since.fetch_add(n, Ordering::Relaxed) + n;
+        let estimate = self.last_found.load(Ordering::Relaxed) + since;
+        if since < self.cfg.gc_every && estimate <= self.cfg.high_watermark {
+            return;
+        }
+        let r = self.gc();
+        if r.deleted > 0 || r.leased_elsewhere {
+            log::debug!(
+                "disk tier {}: {} block files, {} deleted{}",
+                self.cfg.dir.display(),
+                r.found,
+                r.deleted,
+                if r.leased_elsewhere {
+                    " (another tier holds the GC lease)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+
+    /// One GC pass over the directory (every tier that shares it, of this
+    /// process or others): when more than the high watermark of blocks
+    /// exist, deletes the oldest (by mtime) until the low watermark remains.
+    ///
+    /// Tiers sharing a directory (instances on a shared file system) enforce
+    /// its one capacity without a server: a pass that finds too many files
+    /// first takes the lease `gc.lease` in the directory (created by a hard
+    /// link, so one tier gets it; another may take it over only once it has
+    /// expired, [`DiskConfig::gc_lease`], or its writer on this host is
+    /// dead). A pass that cannot get it deletes nothing
+    /// ([`GcReport::leased_elsewhere`]): the holder collects. Readers never
+    /// lock: a file unlinked under a reader stays readable to it (and is
+    /// the block's bytes: blocks are content-addressed); a later open misses.
     pub fn gc(&self) -> GcReport {
         let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut files = self.gather();
         let found = files.len() as u64;
+        self.last_found.store(found, Ordering::Relaxed);
+        self.writes_since.store(0, Ordering::Relaxed);
         if found <= self.cfg.high_watermark {
-            return GcReport { found, deleted: 0 };
+            return GcReport {
+                found,
+                ..GcReport::default()
+            };
         }
+        let Some(lease) = self.take_lease() else {
+            // The holder collects down to the low watermark: count again
+            // only after this tier's next writes.
+            self.last_found
+                .store(self.cfg.low_watermark, Ordering::Relaxed);
+            return GcReport {
+                found,
+                deleted: 0,
+                leased_elsewhere: true,
+            };
+        };
         self.forget_all();
         let k = (found - self.cfg.low_watermark) as usize;
         if k < files.len() {
@@ -836,9 +910,94 @@ impl DiskTier {
                 deleted += 1;
             }
         }
+        self.release_lease(&lease);
         self.stats.gc_deleted.fetch_add(deleted, Ordering::Relaxed);
-        GcReport { found, deleted }
+        self.last_found.store(found - deleted, Ordering::Relaxed);
+        GcReport {
+            found,
+            deleted,
+            leased_elsewhere: false,
+        }
     }
+
+    fn lease_path(&self) -> PathBuf {
+        self.cfg.dir.join("gc.lease")
+    }
+
+    /// Takes the GC lease of the directory; returns its text (ours) or
+    /// `None` when another live, unexpired holder has it.
+    fn take_lease(&self) -> Option<String> {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let until = now + self.cfg.gc_lease;
+        let n = next_nonce();
+        let text = format!("{} {} {n}", paths::writer_id(), until.as_millis());
+        let path = self.lease_path();
+        let tmp = self
+            .cfg
+            .dir
+            .join("tmp")
+            .join(format!("gclease.{}.{n}.tmp", paths::writer_id()));
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp);
+            return None;
+        }
+        let held = match fs::hard_link(&tmp, &path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Held: taken over only when expired or its writer is dead,
+                // by an atomic replace; re-read, since a racing taker may
+                // have replaced it after us.
+                let theirs = paths::read_marker(&path).ok().flatten().unwrap_or_default();
+                if lease_expired(&theirs, now) && fs::rename(&tmp, &path).is_ok() {
+                    paths::read_marker(&path).ok().flatten().as_deref() == Some(text.as_str())
+                } else {
+                    false
+                }
+            }
+            Err(_) => false,
+        };
+        let _ = fs::remove_file(&tmp);
+        held.then_some(text)
+    }
+
+    /// Gives the lease back if it is still ours.
+    fn release_lease(&self, text: &str) {
+        let path = self.lease_path();
+        if paths::read_marker(&path).ok().flatten().as_deref() == Some(text) {
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+/// Whether a lease's text (`<writer> <until, ms since the epoch> <n>`)
+/// no longer holds at `now`: past its time, its writer (of this host)
+/// dead, or not a lease at all (a damaged file must not block GC).
+fn lease_expired(text: &str, now: Duration) -> bool {
+    let mut parts = text.split_whitespace();
+    let (Some(writer), Some(until)) = (parts.next(), parts.next()) else {
+        return true;
+    };
+    let Ok(until) = until.parse::<u128>() else {
+        return true;
+    };
+    until <= now.as_millis() || paths::writer_alive(writer) == Some(false)
+}
+
+/// A number unique in this process for temporary file names: with the
+/// writer id in the name, two tiers of one process (two stores on one
+/// directory) never share a temporary file, whatever they write at once.
+fn next_nonce() -> u64 {
+    static NONCE: AtomicU64 = AtomicU64::new(0);
+    NONCE.fetch_add(1, Ordering::Relaxed)
 }
 
 fn parse_hex(s: &str) -> Option<BlockId> {
