@@ -15,6 +15,22 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(Args)]
+struct TraceArgs {
+    /// The trace: one JSON object per line with `timestamp`,
+    /// `input_length`, `output_length` and `hash_ids` (512-token blocks).
+    file: PathBuf,
+    /// Capacities of the sweep, in tokens (e.g. `1e4,1e5,1e6`).
+    #[arg(long, default_value = "1e4,1e5,1e6,1e7,1e8")]
+    sweep: String,
+    /// Only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Report which device backends and I/O engines work on this machine.
@@ -30,6 +46,9 @@ enum Cmd {
     /// Replay a workload end to end on the host device (simulated engine,
     /// content oracle) in every mode, and report.
     Replay(ReplayArgs),
+    /// What a public trace (Mooncake format) allows by itself: its size, the
+    /// ideal prefix hit rate and a plain block-LRU's over a capacity sweep.
+    Trace(TraceArgs),
     /// Why did (or didn't) a prompt hit? Materialises a scenario in a real
     /// store on the host device and runs the real resolve_hit.
     Explain(ExplainArgs),
@@ -322,6 +341,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Info { json, dir } => info(json, dir),
         Cmd::Explain(args) => explain(args),
+        Cmd::Trace(args) => trace(args),
         Cmd::Replay(args) => replay(args),
         Cmd::Bench {
             what: BenchCmd::Io(args),
@@ -428,6 +448,25 @@ fn explain(a: ExplainArgs) -> Result<(), String> {
         );
     } else {
         print!("{}", out.render_text(&spec));
+    }
+    Ok(())
+}
+
+fn trace(a: TraceArgs) -> Result<(), String> {
+    use ucm::replay::trace;
+    let caps = trace::parse_capacities(&a.sweep).map_err(|e| format!("--sweep: {e}"))?;
+    if a.limit == Some(0) {
+        return Err("--limit must be at least 1".into());
+    }
+    let mut t = trace::read_trace(&a.file).map_err(|e| format!("{}: {e}", a.file.display()))?;
+    if let Some(n) = a.limit {
+        t.truncate(n);
+    }
+    let s = trace::summarize(&t, &caps, |line| eprintln!("ucm trace: {line}"));
+    if a.json {
+        println!("{}", serde_json::to_string(&s).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", trace::render_summary(&a.file, &s));
     }
     Ok(())
 }

@@ -211,3 +211,72 @@ fn small_traces_count_as_worked_by_hand() {
     assert_eq!(lru_hit(&t, 3).hit_tokens, (2 + 2 + 3) * 512);
     assert_eq!(lru_hit(&t, 100), ideal);
 }
+
+fn ucm(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn ucm_trace_sweeps_capacities_and_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("t.jsonl");
+    let lines: Vec<String> = (0..40u64)
+        .map(|i| {
+            let ids: Vec<String> = (0..4).map(|b| (if b < 2 { b } else { 100 * i + b }).to_string()).collect();
+            format!(
+                r#"{{"timestamp": {i}, "input_length": 2048, "output_length": 3, "hash_ids": [{}]}}"#,
+                ids.join(", ")
+            )
+        })
+        .collect();
+    std::fs::write(&f, lines.join("\n")).unwrap();
+    let o = ucm(&[
+        "trace",
+        f.to_str().unwrap(),
+        "--json",
+        "--sweep",
+        "1e3,2048,1e6",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["requests"], 40);
+    // Every request after the first finds the 2 shared blocks of its 4.
+    assert_eq!(
+        v["ideal_hit_rate"].as_f64().unwrap(),
+        39.0 * 1024.0 / (40.0 * 2048.0)
+    );
+    let lru = v["lru"].as_array().unwrap();
+    assert_eq!(lru.len(), 3);
+    assert_eq!(lru[0]["capacity_tokens"], 1000);
+    assert_eq!(
+        lru[0]["hit_rate"], 0.0,
+        "one block of capacity never holds a prefix"
+    );
+    assert_eq!(lru[2]["hit_rate"], v["ideal_hit_rate"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("LRU hit rate"),
+        "progress lines"
+    );
+    let o = ucm(&["trace", f.to_str().unwrap(), "--limit", "1"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1 requests"));
+    for (args, want) in [
+        (vec!["--sweep", "abc"], "not a number"),
+        (vec!["--sweep", "0"], "whole number"),
+        (vec!["--sweep", "1.5"], "whole number"),
+        (vec!["--sweep", ","], "no capacity"),
+        (vec!["--limit", "0"], "--limit"),
+    ] {
+        let mut a = vec!["trace", f.to_str().unwrap()];
+        a.extend(args);
+        let o = ucm(&a);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{a:?}: {err}");
+    }
+    std::fs::write(&f, format!("{}\nnot json\n", lines[0])).unwrap();
+    let o = ucm(&["trace", f.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("trace line 2"));
+}

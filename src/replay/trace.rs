@@ -299,3 +299,115 @@ pub fn lru_hit(trace: &[TraceRequest], capacity: usize) -> HitCount {
     }
     c
 }
+
+/// Parses a capacity sweep: comma-separated token counts, plain or in
+/// scientific notation (`1e4,1e5,2.5e6`), each a whole number of tokens
+/// from 1 to 10^13; returned sorted, without repeats.
+pub fn parse_capacities(s: &str) -> Result<Vec<u64>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let v: f64 = part
+            .parse()
+            .map_err(|_| format!("capacity `{part}` is not a number of tokens"))?;
+        if !v.is_finite() || !(1.0..=1e13).contains(&v) || v.fract() != 0.0 {
+            return Err(format!(
+                "capacity `{part}` must be a whole number of tokens from 1 to 1e13"
+            ));
+        }
+        out.push(v as u64);
+    }
+    if out.is_empty() {
+        return Err("the sweep names no capacity".into());
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// What a trace allows by itself: its size, the ideal prefix hit rate and
+/// a plain block-LRU's at each capacity (prompt blocks only, full blocks
+/// of 512 tokens).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TraceSummary {
+    /// Requests read.
+    pub requests: usize,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Distinct full prompt blocks.
+    pub distinct_blocks: usize,
+    /// Hit rate with unlimited capacity.
+    pub ideal_hit_rate: f64,
+    /// Per capacity (tokens): the block-LRU hit rate.
+    pub lru: Vec<LruPoint>,
+}
+
+/// One capacity of the sweep.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct LruPoint {
+    /// Capacity in tokens (whole 512-token blocks of it are held).
+    pub capacity_tokens: u64,
+    /// Prompt tokens found over prompt tokens.
+    pub hit_rate: f64,
+}
+
+/// Summarises `trace` over the capacities (tokens), reporting each one's
+/// progress to `progress`.
+pub fn summarize(
+    trace: &[TraceRequest],
+    capacities: &[u64],
+    mut progress: impl FnMut(&str),
+) -> TraceSummary {
+    let distinct: HashSet<u64> = trace
+        .iter()
+        .flat_map(|r| r.hash_ids[..r.full_blocks()].iter().copied())
+        .collect();
+    let ideal = ideal_hit(trace);
+    let mut lru = Vec::with_capacity(capacities.len());
+    for &cap in capacities {
+        let t = std::time::Instant::now();
+        let blocks = (cap / TRACE_BLOCK).min(usize::MAX as u64) as usize;
+        let rate = lru_hit(trace, blocks).rate();
+        progress(&format!(
+            "capacity {cap} tokens ({blocks} blocks): LRU hit rate {rate:.4} ({:.1} s)",
+            t.elapsed().as_secs_f64()
+        ));
+        lru.push(LruPoint {
+            capacity_tokens: cap,
+            hit_rate: rate,
+        });
+    }
+    TraceSummary {
+        requests: trace.len(),
+        input_tokens: ideal.input_tokens,
+        output_tokens: trace.iter().map(|r| r.output_length).sum(),
+        distinct_blocks: distinct.len(),
+        ideal_hit_rate: ideal.rate(),
+        lru,
+    }
+}
+
+/// The summary as a table.
+pub fn render_summary(path: &Path, s: &TraceSummary) -> String {
+    let mut out = format!(
+        "trace {}: {} requests, {} prompt tokens, {} output tokens, {} distinct full blocks\n\
+         ideal prefix hit rate (unlimited capacity, full 512-token blocks): {:.4}\n\
+         {:>18}  {:>18}\n",
+        path.display(),
+        s.requests,
+        s.input_tokens,
+        s.output_tokens,
+        s.distinct_blocks,
+        s.ideal_hit_rate,
+        "capacity (tokens)",
+        "block-LRU hit rate"
+    );
+    for p in &s.lru {
+        out.push_str(&format!(
+            "{:>18}  {:>18.4}\n",
+            p.capacity_tokens, p.hit_rate
+        ));
+    }
+    out
+}
