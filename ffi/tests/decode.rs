@@ -3,108 +3,11 @@
 //! (an asynchronous load, chunked prefill) is followed: saves stop at the
 //! blocks allocated and resume when more are.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
-use ucm_coordinator::adapter::{Allocation, Scheduled};
-use ucm_coordinator::{RequestKeys, SpecTable};
-use ucm_ffi::{wire, Backend, Cache, CacheOptions, RawRegion, SchedulerSide, WorkerSide};
-
-const SPEC: &str = r#"
-model = "decode"
-num_layers = 2
-[[group]]
-name = "attn"
-kind = "chain"
-block_size = 16
-layers = "0"
-bytes_per_token = 256
-[[group]]
-name = "ssm"
-kind = "snapshot"
-grid = 16
-state_bytes = 4096
-layers = "1"
-"#;
-
-struct Engine {
-    sched: SchedulerSide,
-    worker: WorkerSide,
-    _mem: Vec<Vec<u8>>,
-    _dir: tempfile::TempDir,
-}
-
-fn engine() -> Engine {
-    let spec = SpecTable::from_toml(SPEC).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = CacheOptions::new(dir.path());
-    opts.store.pool_bytes = Some(2 << 20);
-    let cache = Cache::open(spec, opts).unwrap();
-    let mem = vec![vec![1u8; 4096 * 64], vec![2u8; 4096 * 8]];
-    let mut worker = cache.worker(Backend::Host, 0, 0..2).unwrap();
-    let regions: Vec<RawRegion> = mem
-        .iter()
-        .enumerate()
-        .map(|(l, m)| RawRegion {
-            layer: l as u32,
-            addr: m.as_ptr() as u64,
-            len: m.len(),
-            stride: 4096,
-        })
-        .collect();
-    // SAFETY: the Vecs live in the returned Engine, after the worker in
-    // field order, so they outlive it; they are never reallocated.
-    unsafe { worker.register_kv_caches(&regions) }.unwrap();
-    Engine {
-        sched: cache.scheduler(),
-        worker,
-        _mem: mem,
-        _dir: dir,
-    }
-}
-
-fn alloc(blocks: std::ops::Range<u32>, slot: u32) -> Allocation {
-    let mut a = Allocation::default();
-    a.blocks.insert(0, blocks.collect());
-    a.state_slots.insert(1, slot);
-    a
-}
-
-fn step(e: &mut Engine, req: &str, start: u64, end: u64) {
-    let meta = e
-        .sched
-        .build_meta(&[Scheduled {
-            req: req.into(),
-            start,
-            end,
-        }])
-        .unwrap();
-    let spec = Arc::clone(e.worker.cache().spec());
-    let meta = wire::decode(&spec, &wire::encode(&meta)).unwrap();
-    e.worker.start_load_kv(meta).unwrap();
-    for l in 0..2 {
-        e.worker.wait_for_layer_load(l).unwrap();
-        e.worker.save_kv_layer(l).unwrap();
-    }
-    e.worker.wait_for_save().unwrap();
-    for _ in 0..500 {
-        if e.worker
-            .get_finished(&[req.to_string()])
-            .saved
-            .contains(&req.to_string())
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("{req} never saved");
-}
-
-fn lookup(e: &mut Engine, req: &str, tokens: &[u32]) -> u64 {
-    e.sched
-        .get_num_new_matched_tokens(req, Arc::new(tokens.to_vec()), RequestKeys::default(), 0)
-        .unwrap()
-}
+use common::{alloc, engine, lookup, step};
 
 #[test]
 fn blocks_and_states_completed_by_decoding_hit_the_next_turn() {
