@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -406,7 +406,7 @@ impl DiskTier {
                 "{}.{}.{}.tmp",
                 hex(&id),
                 paths::writer_id(),
-                next_nonce()
+                paths::next_nonce()
             ));
             let mut p = Pending {
                 id,
@@ -522,9 +522,14 @@ impl DiskTier {
                 }
             }
         }
-        let written = pending.iter().filter(|p| p.err.is_none()).count() as u64;
-        self.remember(pending.iter().filter(|p| p.err.is_none()).map(|p| p.id));
-        self.after_writes(written);
+        let written: Vec<BlockId> = pending
+            .iter()
+            .filter(|p| p.err.is_none())
+            .map(|p| p.id)
+            .collect();
+        let n = written.len() as u64;
+        self.remember(written);
+        self.after_writes(n);
         pending
             .into_iter()
             .map(|p| {
@@ -931,41 +936,26 @@ impl DiskTier {
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
         let until = now + self.cfg.gc_lease;
-        let n = next_nonce();
-        let text = format!("{} {} {n}", paths::writer_id(), until.as_millis());
-        let path = self.lease_path();
-        let tmp = self
-            .cfg
-            .dir
-            .join("tmp")
-            .join(format!("gclease.{}.{n}.tmp", paths::writer_id()));
-        let written = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-            return None;
-        }
-        let held = match fs::hard_link(&tmp, &path) {
-            Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                // Held: taken over only when expired or its writer is dead,
-                // by an atomic replace; re-read, since a racing taker may
-                // have replaced it after us.
+        let text = format!(
+            "{} {} {}",
+            paths::writer_id(),
+            until.as_millis(),
+            paths::next_nonce()
+        );
+        let (path, tmp) = (self.lease_path(), self.cfg.dir.join("tmp"));
+        let held = match paths::create_marker(&path, &tmp, &text) {
+            Ok(true) => true,
+            // Held: taken over only when expired or its writer is dead, by
+            // an atomic replace; re-read, since a racing taker may have
+            // replaced it after us.
+            Ok(false) => {
                 let theirs = paths::read_marker(&path).ok().flatten().unwrap_or_default();
-                if lease_expired(&theirs, now) && fs::rename(&tmp, &path).is_ok() {
-                    paths::read_marker(&path).ok().flatten().as_deref() == Some(text.as_str())
-                } else {
-                    false
-                }
+                lease_expired(&theirs, now)
+                    && paths::replace_marker(&path, &tmp, &text).is_ok()
+                    && paths::read_marker(&path).ok().flatten().as_deref() == Some(text.as_str())
             }
             Err(_) => false,
         };
-        let _ = fs::remove_file(&tmp);
         held.then_some(text)
     }
 
@@ -990,14 +980,6 @@ fn lease_expired(text: &str, now: Duration) -> bool {
         return true;
     };
     until <= now.as_millis() || paths::writer_alive(writer) == Some(false)
-}
-
-/// A number unique in this process for temporary file names: with the
-/// writer id in the name, two tiers of one process (two stores on one
-/// directory) never share a temporary file, whatever they write at once.
-fn next_nonce() -> u64 {
-    static NONCE: AtomicU64 = AtomicU64::new(0);
-    NONCE.fetch_add(1, Ordering::Relaxed)
 }
 
 fn parse_hex(s: &str) -> Option<BlockId> {

@@ -201,15 +201,25 @@ pub fn read_marker(path: &Path) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&buf).trim().to_string()))
 }
 
-/// Writes the geometry marker atomically: a temporary file of this writer
-/// in `tmp` (cleared like any other if this writer dies), fsynced, then
-/// hard-linked to `path` (which fails if another writer got there first:
-/// the caller then reads theirs). Returns whether this call created it.
-pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
+/// A number unique in this process, for temporary file names: with the
+/// writer id in the name, two tiers of one process (two stores on one
+/// directory) never share a temporary file, whatever they write at once.
+pub fn next_nonce() -> u64 {
     static NONCE: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let n = NONCE.fetch_add(1, Ordering::Relaxed);
-    let tmp: PathBuf = tmp_dir.join(format!("GEOMETRY.{}.{n}.tmp", writer_id()));
+    NONCE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Writes `text` (and a newline) to a new temporary file of this writer in
+/// `tmp_dir`, named after `path`'s file name (cleared like any other if
+/// this writer dies), and fsyncs it.
+fn write_marker_tmp(path: &Path, tmp_dir: &Path, text: &str) -> std::io::Result<PathBuf> {
+    // `<stem>.<writer>.<nonce>.tmp`: the stem holds no dot (see stale_tmp).
+    let stem = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("marker")
+        .replace('.', "_");
+    let tmp: PathBuf = tmp_dir.join(format!("{stem}.{}.{}.tmp", writer_id(), next_nonce()));
     let _ = fs::remove_file(&tmp);
     let written = (|| -> std::io::Result<()> {
         let mut f = fs::OpenOptions::new()
@@ -221,18 +231,52 @@ pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
         std::io::Write::write_all(&mut f, format!("{text}\n").as_bytes())?;
         f.sync_all()
     })();
-    let linked = written.and_then(|()| fs::hard_link(&tmp, path));
-    let _ = fs::remove_file(&tmp);
+    match written {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn sync_parent(path: &Path) {
+    if let Ok(d) = fs::File::open(path.parent().unwrap_or(Path::new("."))) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Writes a marker file (the geometry, the GC lease) atomically: a
+/// temporary file of this writer in `tmp_dir`, fsynced, then hard-linked
+/// to `path` (which fails if another writer got there first: the caller
+/// then reads theirs). Returns whether this call created it.
+pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
+    let linked = write_marker_tmp(path, tmp_dir, text).and_then(|tmp| {
+        let r = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        r
+    });
     match linked {
         Ok(()) => {
-            if let Ok(d) = fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
+            sync_parent(path);
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(StoreError::fs("write", path)(e)),
     }
+}
+
+/// Replaces the marker at `path` atomically (a temporary file renamed over
+/// it: whatever was there, a file or a link, is replaced, never followed).
+pub fn replace_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<()> {
+    let tmp = write_marker_tmp(path, tmp_dir, text).map_err(StoreError::fs("write", path))?;
+    let renamed = fs::rename(&tmp, path);
+    if renamed.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    renamed.map_err(StoreError::fs("rename", path))?;
+    sync_parent(path);
+    Ok(())
 }
 
 /// Tests only: the writer identity of a process of this host that has
