@@ -51,6 +51,14 @@ fn unsupported(reason: String) -> DeviceError {
     }
 }
 
+/// Why, without the "unsupported" prefix of an `Unsupported` error.
+fn reason_of(e: DeviceError) -> String {
+    match e {
+        DeviceError::Unsupported { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
 /// The library `UCM_CUDA_LIB` or [`preload_library`] loaded, kept for the
 /// rest of the process (cudarc holds its symbols).
 static PRELOADED: Mutex<Option<(std::path::PathBuf, libloading::Library)>> = Mutex::new(None);
@@ -109,10 +117,7 @@ fn preload_from_env() -> Result<()> {
         || match std::env::var_os("UCM_CUDA_LIB").filter(|p| !p.is_empty()) {
             None => Ok(()),
             // SAFETY: the operator names a CUDA driver library (or the double).
-            Some(p) => unsafe { preload_library(std::path::Path::new(&p)) }.map_err(|e| match e {
-                DeviceError::Unsupported { reason, .. } => reason,
-                other => other.to_string(),
-            }),
+            Some(p) => unsafe { preload_library(std::path::Path::new(&p)) }.map_err(reason_of),
         },
     )
     .clone()
@@ -151,11 +156,7 @@ pub fn driver_present() -> bool {
 /// What `ucm info` says of the CUDA backend. Never panics.
 pub fn probe() -> (bool, String) {
     if let Err(e) = preload_from_env() {
-        let why = match e {
-            DeviceError::Unsupported { reason, .. } => reason,
-            other => other.to_string(),
-        };
-        return (false, why);
+        return (false, reason_of(e));
     }
     if !driver_present() {
         return (
@@ -629,7 +630,7 @@ impl Device for CudaDevice {
         let s = stream.raw.0;
         if runs.len() > 1 && self.batch_api() {
             let ordinal = self.ctx.cu.ordinal();
-            let plan = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
+            let mut plan = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
                 srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
                 srcLocHint: location(r.src.kind(), ordinal),
                 dstLocHint: location(r.dst.kind(), ordinal),
@@ -646,13 +647,12 @@ impl Device for CudaDevice {
                 .map(|&i| runs[i].0.src.addr() + runs[i].0.src_offset as u64)
                 .collect();
             let mut sizes: Vec<usize> = plan.order.iter().map(|&i| runs[i].0.len).collect();
-            let (mut attrs, mut starts) = (plan.attrs.clone(), plan.starts.clone());
             for _ in &runs {
                 stream.state.next();
             }
             let mut fail = usize::MAX;
             // SAFETY: every run was validated; the copy arrays have one entry
-            // per run, `attrs` and `starts` one per group (`starts[0] == 0`,
+            // per run, `plan.attrs` and `plan.starts` one per group (`starts[0] == 0`,
             // increasing, below the run count); memory stays alive
             // (allocations drain the context before release).
             return unsafe {
@@ -661,9 +661,9 @@ impl Device for CudaDevice {
                     srcs.as_mut_ptr(),
                     sizes.as_mut_ptr(),
                     dsts.len(),
-                    attrs.as_mut_ptr(),
-                    starts.as_mut_ptr(),
-                    attrs.len(),
+                    plan.attrs.as_mut_ptr(),
+                    plan.starts.as_mut_ptr(),
+                    plan.attrs.len(),
                     &mut fail,
                     s,
                 )

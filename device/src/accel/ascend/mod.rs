@@ -553,7 +553,7 @@ impl Device for AscendDevice {
         let lib = self.ctx.lib();
         let addr = |m: &Memory, off: usize| (m.addr() as usize + off) as *mut c_void;
         if runs.len() > 1 && self.batch_api() {
-            let plan = batch_attributes(&runs, |r| sys::aclrtMemcpyBatchAttr {
+            let mut plan = batch_attributes(&runs, |r| sys::aclrtMemcpyBatchAttr {
                 dstLoc: location(r.dst.kind(), self.ctx.device),
                 srcLoc: location(r.src.kind(), self.ctx.device),
                 ..Default::default()
@@ -575,7 +575,6 @@ impl Device for AscendDevice {
                 .map(|i| addr(run(i).src, run(i).src_offset))
                 .collect();
             let mut sizes: Vec<_> = plan.order.iter().map(|i| run(i).len).collect();
-            let (mut attrs, mut idx) = (plan.attrs.clone(), plan.starts.clone());
             for _ in &runs {
                 stream.state.next();
             }
@@ -589,8 +588,8 @@ impl Device for AscendDevice {
                     &mut maxs,
                     &mut srcs,
                     &mut sizes,
-                    &mut attrs,
-                    &mut idx,
+                    &mut plan.attrs,
+                    &mut plan.starts,
                     &plan.order,
                     stream.raw.0,
                 )
