@@ -17,7 +17,7 @@
 //!   ids of a given capacity (what a plain prefix cache over prompt blocks
 //!   can serve), so modes can be set against them.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::io::{BufRead, Read};
 use std::path::Path;
@@ -240,6 +240,11 @@ impl HitCount {
 /// With unlimited capacity: per request, the leading full blocks whose id
 /// an earlier request's prompt held.
 pub fn ideal_hit(trace: &[TraceRequest]) -> HitCount {
+    ideal_and_blocks(trace).0
+}
+
+/// [`ideal_hit`], and the distinct full blocks of the trace (what it saw).
+fn ideal_and_blocks(trace: &[TraceRequest]) -> (HitCount, HashSet<u64>) {
     let mut seen: HashSet<u64> = HashSet::new();
     let mut c = HitCount {
         input_tokens: 0,
@@ -252,7 +257,7 @@ pub fn ideal_hit(trace: &[TraceRequest]) -> HitCount {
         c.hit_tokens += hit as u64 * TRACE_BLOCK;
         seen.extend(full.iter().copied());
     }
-    c
+    (c, seen)
 }
 
 /// A plain prefix cache of `capacity` full blocks with LRU eviction: per
@@ -262,20 +267,11 @@ pub fn lru_hit(trace: &[TraceRequest], capacity: usize) -> HitCount {
     // Recency by a counter; eviction takes the smallest stamp (an ordered
     // map from stamp to id keeps that O(log n)).
     let mut stamp_of: HashMap<u64, u64> = HashMap::new();
-    let mut by_stamp: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mut by_stamp: BTreeMap<u64, u64> = BTreeMap::new();
     let mut clock = 0u64;
     let mut c = HitCount {
         input_tokens: 0,
         hit_tokens: 0,
-    };
-    let mut touch = |id: u64,
-                     stamp_of: &mut HashMap<u64, u64>,
-                     by: &mut std::collections::BTreeMap<u64, u64>| {
-        clock += 1;
-        if let Some(old) = stamp_of.insert(id, clock) {
-            by.remove(&old);
-        }
-        by.insert(clock, id);
     };
     for r in trace {
         let full = &r.hash_ids[..r.full_blocks()];
@@ -289,7 +285,11 @@ pub fn lru_hit(trace: &[TraceRequest], capacity: usize) -> HitCount {
             continue;
         }
         for &id in full {
-            touch(id, &mut stamp_of, &mut by_stamp);
+            clock += 1;
+            if let Some(old) = stamp_of.insert(id, clock) {
+                by_stamp.remove(&old);
+            }
+            by_stamp.insert(clock, id);
             while stamp_of.len() > capacity {
                 if let Some((_, victim)) = by_stamp.pop_first() {
                     stamp_of.remove(&victim);
@@ -359,11 +359,7 @@ pub fn summarize(
     capacities: &[u64],
     mut progress: impl FnMut(&str),
 ) -> TraceSummary {
-    let distinct: HashSet<u64> = trace
-        .iter()
-        .flat_map(|r| r.hash_ids[..r.full_blocks()].iter().copied())
-        .collect();
-    let ideal = ideal_hit(trace);
+    let (ideal, distinct) = ideal_and_blocks(trace);
     let mut lru = Vec::with_capacity(capacities.len());
     for &cap in capacities {
         let t = std::time::Instant::now();
