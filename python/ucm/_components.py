@@ -199,10 +199,11 @@ class ComponentStores:
 
     def finish(self, h: Handle, durable: bool = False) -> List[Tuple[bytes, int, str, str]]:
         """Waits for the transfer; returns ``(block_id, component, kind,
-        detail)`` for every item that did not succeed."""
+        detail)`` for every item that did not succeed. ``durable``: a dump
+        also waits for its blocks to be on disk (loads ignore it)."""
         out = []
         for st, t, names in h.parts:
-            for bid, shard, kind, detail in st.wait(t, durable=durable and h.kind == "dump"):
+            for bid, shard, kind, detail in st.wait(t, durable=durable):
                 out.append((bytes(bid), names.get((bytes(bid), shard), -1), kind, detail))
         return out
 

@@ -81,13 +81,13 @@ class _PoolStores:
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
         probe = torch.arange(self.page_size, dtype=torch.int64)
         ptrs, sizes = pool.get_page_buffer_meta(probe)
-        self.sizes = _flat(sizes)
-        if not self.sizes or len(_flat(ptrs)) != len(self.sizes):
+        sizes = _flat(sizes)
+        if not sizes or len(_flat(ptrs)) != len(sizes):
             raise ValueError(f"HiCache pool `{name}`: no page buffers to store")
         try:
             self.stores = ComponentStores(
                 os.path.join(root, name),
-                self.sizes,
+                sizes,
                 pool_bytes=int(opts.get("ucm_pool_bytes", 256 << 20)),
                 disk_blocks=int(opts.get("ucm_disk_blocks", 1 << 20)),
                 workers=int(opts.get("ucm_workers", 2)),
@@ -97,6 +97,11 @@ class _PoolStores:
                 f"HiCache pool `{name}`: {e}; choose a page size that gives page buffers "
                 "of whole 4 KiB"
             ) from None
+
+    @property
+    def sizes(self) -> List[int]:
+        """Bytes of each buffer of a page."""
+        return self.stores.sizes
 
     def transfer(self, ids: List[bytes], host_indices: Any, is_set: bool, durable: bool) -> List[bool]:
         """Moves every buffer of each page; ``True`` per page that moved whole."""
@@ -125,7 +130,7 @@ class _PoolStores:
             return [False] * n
         index = {bid: p for p, bid in enumerate(ids)}
         ok = [True] * n
-        for bid, _comp, kind, detail in self.stores.finish(h, durable=is_set and durable):
+        for bid, _comp, kind, detail in self.stores.finish(h, durable=durable):
             if bid in index:
                 ok[index[bid]] = False
             if kind != "miss":
@@ -285,7 +290,7 @@ class UcmHiCacheStorage(HiCacheStorage):
         bid = self._ids([key])[0]
         items = [(bid, j, a) for j, a in enumerate(self._page_addrs(t))]
         h = p.stores.start("dump" if is_set else "load", items)
-        return not p.stores.finish(h, durable=is_set and self._durable)
+        return not p.stores.finish(h, durable=self._durable)
 
     def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None):
         """The page of ``key`` (into ``target_location`` when given), or None."""
