@@ -261,33 +261,40 @@ fn shared_dir_child() {
                 1000 * (peer + 1) + round.saturating_sub(i)
             };
             let outs = st.load(items(n, &dst)).unwrap().wait();
-            if outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok) {
-                let mut got = vec![0u8; GEO.shard_bytes * 2];
-                dst.read_host(0, &mut got).ok();
-                // Device memory of the host device: read it back via a copy.
-                let back = dev.alloc_pinned(GEO.shard_bytes * 2).unwrap();
-                let s = dev.create_stream().unwrap();
-                dev.copy_async(&s, &CopyRun::new(&back, 0, &dst, 0, GEO.shard_bytes * 2))
-                    .unwrap();
-                dev.synchronize_stream(&s).unwrap();
-                back.read_host(0, &mut got).unwrap();
-                for sh in 0..2 {
-                    let want = pattern(n * 10 + sh as u64, GEO.shard_bytes);
-                    assert!(
-                        got[sh * GEO.shard_bytes..(sh + 1) * GEO.shard_bytes] == want[..],
-                        "WRONG HIT: block {n} shard {sh} in instance {me}"
-                    );
+            // Another instance's GC may take one shard's file and not yet
+            // the other's: a partial miss. Every shard served must still
+            // hold its own bytes, and nothing may fail.
+            assert!(
+                outs.iter()
+                    .all(|(_, _, o)| matches!(o, ItemOutcome::Ok | ItemOutcome::Miss)),
+                "instance {me}: block {n}: {outs:?}"
+            );
+            // Device memory of the host device: read it back via a copy.
+            let mut got = vec![0u8; GEO.shard_bytes * 2];
+            let back = dev.alloc_pinned(GEO.shard_bytes * 2).unwrap();
+            let s = dev.create_stream().unwrap();
+            dev.copy_async(&s, &CopyRun::new(&back, 0, &dst, 0, GEO.shard_bytes * 2))
+                .unwrap();
+            dev.synchronize_stream(&s).unwrap();
+            back.read_host(0, &mut got).unwrap();
+            for (_, sh, o) in &outs {
+                if *o != ItemOutcome::Ok {
+                    continue;
                 }
+                let sh = *sh as usize;
+                let want = pattern(n * 10 + sh as u64, GEO.shard_bytes);
+                assert!(
+                    got[sh * GEO.shard_bytes..(sh + 1) * GEO.shard_bytes] == want[..],
+                    "WRONG HIT: block {n} shard {sh} in instance {me}"
+                );
+            }
+            if outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok) {
                 if n >= 1000 && n / 1000 != me + 1 {
                     other += 1;
                 } else {
                     own += 1;
                 }
             } else {
-                assert!(
-                    outs.iter().all(|(_, _, o)| *o == ItemOutcome::Miss),
-                    "instance {me}: block {n}: {outs:?}"
-                );
                 missed += 1;
             }
         }
