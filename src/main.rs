@@ -90,14 +90,40 @@ struct ReplayArgs {
     /// `failpoints` feature for the I/O errors.
     #[arg(long, default_value_t = 0.0)]
     faults: f64,
-    /// Modes to run.
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "ucm,recompute,fold"
-    )]
-    modes: Vec<ucm::replay::Mode>,
+    /// Modes to run: `ucm,recompute,fold` (default) on a workload; with
+    /// `--trace` also `vllm,sglang,lmcache` (default: all six).
+    #[arg(long, value_delimiter = ',')]
+    modes: Option<Vec<String>>,
+    /// Replay a public trace (Mooncake format) instead of a workload, in
+    /// the capacity-only mode (no bytes moved), over an engine-capacity
+    /// sweep.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// With `--trace`: the engine prefix-cache capacities, in tokens of K/V.
+    #[arg(long)]
+    sweep: Option<String>,
+    /// With `--trace`: one engine prefix-cache capacity (tokens); the same
+    /// as a sweep of one.
+    #[arg(long)]
+    engine_capacity: Option<String>,
+    /// With `--trace`: UCM's (and LMCache's) memory tier, in tokens of K/V.
+    #[arg(long, default_value = "1e7")]
+    pool_capacity: String,
+    /// With `--trace`: UCM's (and LMCache's) disk tier, in tokens of K/V.
+    #[arg(long, default_value = "1e8")]
+    disk_capacity: String,
+    /// With `--trace`: only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// With `--trace`: memory-tier load bandwidth assumed (GiB/s).
+    #[arg(long, default_value_t = 10.0)]
+    pool_gib_s: f64,
+    /// With `--trace`: disk-tier load bandwidth assumed (GiB/s).
+    #[arg(long, default_value_t = 2.0)]
+    disk_gib_s: f64,
+    /// With `--trace`: `ucm` does not keep what its requests decode.
+    #[arg(long)]
+    no_decode_retention: bool,
     /// Byte sizes divided by this (structure unchanged).
     #[arg(long, default_value_t = 64)]
     bytes_scale: u64,
@@ -370,6 +396,19 @@ fn main() -> ExitCode {
 
 fn replay(a: ReplayArgs) -> Result<(), String> {
     use std::io::Write;
+    if a.trace.is_some() {
+        return replay_trace(a);
+    }
+    for (flag, set) in [
+        ("--sweep", a.sweep.is_some()),
+        ("--engine-capacity", a.engine_capacity.is_some()),
+        ("--limit", a.limit.is_some()),
+    ] {
+        if set {
+            return Err(format!("{flag} needs --trace"));
+        }
+    }
+    let modes = parse_modes::<ucm::replay::Mode>(a.modes.as_deref(), "ucm,recompute,fold")?;
     let dir = a.dir.unwrap_or_else(|| {
         let shm = PathBuf::from("/dev/shm");
         if shm.is_dir() {
@@ -392,7 +431,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         bytes_scale: a.bytes_scale,
         compute_us_per_token: a.compute_us_per_token,
         chunk: 2048,
-        modes: a.modes,
+        modes,
         sabotage: a.sabotage,
     };
     let progress = |l: &str| {
@@ -448,6 +487,115 @@ fn explain(a: ExplainArgs) -> Result<(), String> {
         );
     } else {
         print!("{}", out.render_text(&spec));
+    }
+    Ok(())
+}
+
+/// Parses `--modes` (or `default`) as values of `M`.
+fn parse_modes<M: clap::ValueEnum>(
+    given: Option<&[String]>,
+    default: &str,
+) -> Result<Vec<M>, String> {
+    let parts: Vec<String> = match given {
+        Some(v) => v.to_vec(),
+        None => default.split(',').map(str::to_string).collect(),
+    };
+    let names: Vec<String> = M::value_variants()
+        .iter()
+        .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+        .collect();
+    parts
+        .iter()
+        .map(|p| {
+            M::from_str(p.trim(), true)
+                .map_err(|_| format!("--modes: `{p}` is not one of {}", names.join(", ")))
+        })
+        .collect()
+}
+
+fn one_capacity(flag: &str, v: &str) -> Result<u64, String> {
+    match ucm::replay::trace::parse_capacities(v).map_err(|e| format!("{flag}: {e}"))?[..] {
+        [c] => Ok(c),
+        _ => Err(format!("{flag} takes one capacity")),
+    }
+}
+
+fn replay_trace(a: ReplayArgs) -> Result<(), String> {
+    use std::io::Write;
+    use ucm::replay::sim::{self, report, SimConfig, SimMode};
+    use ucm::replay::trace;
+    let file = a.trace.clone().unwrap_or_default();
+    let caps = match (&a.sweep, &a.engine_capacity) {
+        (Some(_), Some(_)) => return Err("give --sweep or --engine-capacity, not both".into()),
+        (Some(s), None) => trace::parse_capacities(s).map_err(|e| format!("--sweep: {e}"))?,
+        (None, Some(c)) => vec![one_capacity("--engine-capacity", c)?],
+        (None, None) => trace::parse_capacities("1e4,1e5,1e6,1e7,1e8").unwrap_or_default(),
+    };
+    let modes =
+        parse_modes::<SimMode>(a.modes.as_deref(), "ucm,vllm,sglang,lmcache,fold,recompute")?;
+    for (name, v) in [
+        ("--pool-gib-s", a.pool_gib_s),
+        ("--disk-gib-s", a.disk_gib_s),
+    ] {
+        if !v.is_finite() || v <= 0.0 {
+            return Err(format!("{name} {v} is not a positive bandwidth"));
+        }
+    }
+    if !a.compute_us_per_token.is_finite() || a.compute_us_per_token < 0.0 {
+        return Err(format!(
+            "--compute-us-per-token {} is not a finite, non-negative duration",
+            a.compute_us_per_token
+        ));
+    }
+    let cfg = SimConfig {
+        seed: a.seed,
+        pool_tokens: one_capacity("--pool-capacity", &a.pool_capacity)?,
+        disk_tokens: one_capacity("--disk-capacity", &a.disk_capacity)?,
+        compute_us_per_token: a.compute_us_per_token,
+        pool_gib_s: a.pool_gib_s,
+        disk_gib_s: a.disk_gib_s,
+        decode_retention: !a.no_decode_retention,
+        ..SimConfig::default()
+    };
+    let spec = ucm::coordinator::SpecTable::load(&a.spec).map_err(|e| e.to_string())?;
+    let model = sim::units::Model::new(spec);
+    let mut t = trace::read_trace(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    if let Some(n) = a.limit {
+        t.truncate(n);
+    }
+    eprintln!(
+        "ucm replay: {} requests of {}; {} modes x {} engine capacities, capacity-only (no bytes moved)",
+        t.len(),
+        file.display(),
+        modes.len(),
+        caps.len()
+    );
+    let summary = trace::summarize(&t, &caps, |l| eprintln!("ucm replay: trace {l}"));
+    let progress = |l: &str| {
+        let mut e = std::io::stderr();
+        let _ = writeln!(e, "ucm replay: {l}");
+    };
+    let points =
+        sim::sweep(&t, &model, &modes, &caps, &cfg, &progress).map_err(|e| e.to_string())?;
+    let rep = report::SimReport {
+        kind: "capacity-only",
+        trace: file.display().to_string(),
+        spec: a.spec.display().to_string(),
+        kv_bytes_per_token: model.kv_bytes_per_token,
+        config: cfg,
+        summary,
+        points,
+    };
+    if let Some(p) = &a.plot {
+        std::fs::write(p, report::render_svg(&rep)).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", report::render_text(&rep));
     }
     Ok(())
 }

@@ -36,6 +36,7 @@
 
 mod faults;
 pub mod report;
+pub mod sim;
 pub mod trace;
 pub mod workload;
 

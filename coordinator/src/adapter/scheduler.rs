@@ -95,6 +95,20 @@ struct ReqState {
     plan: HashMap<usize, BTreeSet<u64>>,
 }
 
+/// The position the second-unserved trigger keeps for a shared boundary
+/// `b` of a prompt of `n` tokens: `b` itself, unless the whole prompt is
+/// the shared prefix. A state at `n` can serve a continuation but never a
+/// repeat of the same prompt (its last token is always computed), so the
+/// repeat's servable boundary, the last grid point below `n`, is kept
+/// instead (request end keeps `n` already).
+fn servable_boundary(g: &crate::spec::Group, common: u64, b: u64, n: u64) -> u64 {
+    if b < n {
+        return b;
+    }
+    let grid = crate::spec::lcm(g.block.max(1), common.max(1));
+    n.saturating_sub(1) / grid * grid
+}
+
 /// The scheduler side.
 pub struct Scheduler<P: Presence> {
     spec: Arc<SpecTable>,
@@ -189,6 +203,7 @@ impl<P: Presence> Scheduler<P> {
                     .first()
                     .and_then(|ids| self.tracker.observe(g, common, ids, p_star))
                 {
+                    let b = servable_boundary(g, common, b, n as u64);
                     if b > p_star && b <= n as u64 {
                         ps.insert(b);
                     }

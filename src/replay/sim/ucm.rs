@@ -1,0 +1,159 @@
+//! `ucm` and `fold` below the engine's own prefix cache: the real
+//! scheduler side of the adapter (`resolve`, the design's retention and its
+//! recurrence tracker, or the predecessor's hash-folding retention) over
+//! capacity-modelled tiers, with the real checkpoint directory.
+//!
+//! Per request the scheduler is asked as a connector is
+//! (`get_num_new_matched_tokens` with the engine's own hit as the tokens
+//! already computed); a hit beyond the engine's loads `[engine hit, p*)`
+//! and the states at `p*`. At request end the adapter's saves are
+//! applied: chain blocks from `p*` (the blocks below are stored already;
+//! the worker saves from the engine's memory the ones the engine served),
+//! and a state at each planned position the request computed through.
+//! With decode retention (`ucm`) the request's output extends its tokens
+//! (`extend_tokens`, as the connector does while decoding): its blocks and
+//! the state at the end of the generated sequence are kept too. A state
+//! that leaves both tiers leaves the directory.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::cache::Unit;
+use super::tiers::{Loaded, Tiers};
+use super::units::Model;
+use super::SimRequest;
+use crate::coordinator::adapter::{EngineRequest, Scheduler};
+use crate::coordinator::resolve::Presence;
+use crate::coordinator::spec::Group;
+use crate::coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys};
+
+/// The scheduler's view of the tiers (chain blocks only: checkpoints come
+/// from the directory).
+#[derive(Debug)]
+pub struct TierPresence(Arc<Mutex<Tiers>>);
+
+fn locked(t: &Mutex<Tiers>) -> MutexGuard<'_, Tiers> {
+    t.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Presence for TierPresence {
+    fn lookup(&self, group: &Group, ids: &[crate::coordinator::hash::Id]) -> Vec<bool> {
+        let t = locked(&self.0);
+        ids.iter()
+            .map(|id| {
+                t.contains(&Unit::Block {
+                    group: group.index as u16,
+                    id: *id,
+                })
+            })
+            .collect()
+    }
+}
+
+/// UCM (or the fold baseline) below the engine.
+pub struct UcmTiers {
+    tiers: Arc<Mutex<Tiers>>,
+    sched: Scheduler<TierPresence>,
+    dir: Arc<CheckpointDirectory>,
+    decode: bool,
+    names: Vec<String>,
+}
+
+impl UcmTiers {
+    /// Tiers of `pool` and `disk` bytes; `fold` selects the predecessor's
+    /// retention, `decode` keeps decode output (ignored with `fold`).
+    pub fn new(m: &Model, pool: u64, disk: u64, fold: bool, decode: bool) -> Self {
+        let tiers = Arc::new(Mutex::new(Tiers::new(pool, disk)));
+        let dir = Arc::new(CheckpointDirectory::new());
+        let mut sched = Scheduler::new(
+            Arc::new(m.spec.clone()),
+            Deployment { tp_size: 1 },
+            Arc::new(TierPresence(Arc::clone(&tiers))),
+            Arc::clone(&dir),
+        );
+        sched.set_fold_retention(fold);
+        UcmTiers {
+            tiers,
+            sched,
+            dir,
+            decode: decode && !fold,
+            names: m.spec.groups().iter().map(|g| g.name.clone()).collect(),
+        }
+    }
+
+    fn id(k: usize) -> String {
+        format!("r{k}")
+    }
+
+    /// `p*` for request number `k`, the engine holding `engine_hit` tokens.
+    pub fn hit(&mut self, r: &SimRequest, k: usize, engine_hit: u64) -> Result<u64, CoordError> {
+        let req = EngineRequest {
+            id: Self::id(k),
+            tokens: Arc::new(r.prompt().to_vec()),
+            keys: RequestKeys::default(),
+        };
+        self.sched.get_num_new_matched_tokens(&req, engine_hit)?;
+        Ok(self.sched.resolution(&req.id).map_or(0, |(_, p)| p))
+    }
+
+    /// Loads `[from, to)` and the states at `to`.
+    pub fn load(&mut self, m: &Model, r: &SimRequest, from: u64, to: u64) -> Loaded {
+        let mut units: Vec<Unit> = m
+            .blocks(&r.hashes, from, to, true)
+            .into_iter()
+            .map(|u| u.1)
+            .collect();
+        units.extend(m.states(&r.hashes, &r.seq, to).into_iter().map(|u| u.1));
+        let (dir, names) = (&self.dir, &self.names);
+        locked(&self.tiers).load(m, &units, |u| forget(dir, names, u))
+    }
+
+    /// Request number `k` ended; it resumed at `served` (the larger of the
+    /// engine's hit and `p_star`, UCM's). Returns the bytes saved.
+    pub fn finish(
+        &mut self,
+        m: &Model,
+        r: &SimRequest,
+        k: usize,
+        p_star: u64,
+        served: u64,
+    ) -> Result<u64, CoordError> {
+        let id = Self::id(k);
+        let mut end = r.prompt_len;
+        if self.decode && r.seq.len() as u64 > r.prompt_len {
+            self.sched.extend_tokens(&id, Arc::new(r.seq.clone()))?;
+            end = r.seq.len() as u64;
+        }
+        let mut units = m.blocks(&r.hashes, p_star, end, false);
+        let mut states = Vec::new();
+        for p in self.sched.checkpoint_positions(&id) {
+            if p > served && p <= end {
+                states.extend(m.states(&r.hashes, &r.seq, p));
+            }
+        }
+        units.extend(states.iter().copied());
+        units.sort_by_key(|u| u.0);
+        let units: Vec<Unit> = units.into_iter().map(|u| u.1).collect();
+        let saved = units.iter().map(|u| m.bytes(u)).sum();
+        {
+            let (dir, names) = (&self.dir, &self.names);
+            locked(&self.tiers).store(m, &units, |u| forget(dir, names, u));
+        }
+        let t = locked(&self.tiers);
+        for (p, u) in states {
+            if let Unit::State { group, hash } = u {
+                if t.contains(&u) {
+                    self.dir.register(&self.names[group as usize], p, hash);
+                }
+            }
+        }
+        drop(t);
+        self.sched.request_finished(&id);
+        Ok(saved)
+    }
+}
+
+fn forget(dir: &CheckpointDirectory, names: &[String], u: Unit) {
+    if let Unit::State { group, hash } = u {
+        dir.forget(&names[group as usize], &hash);
+    }
+}

@@ -1,0 +1,333 @@
+//! The capacity-only trace replay (`ucm::replay::sim`): each mode's policy
+//! on worked examples (where states are kept, where a hit may end), the
+//! engine's cache in front of the offload layer, capacities that evict,
+//! decode retention, and the CLI over the shared trace.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use ucm::coordinator::SpecTable;
+use ucm::replay::sim::units::Model;
+use ucm::replay::sim::{simulate, Sim, SimConfig, SimMode, SimRequest};
+use ucm::replay::trace::TraceRequest;
+
+/// One chain group of 128-token blocks and one recurrent group on the
+/// same grid: every hit needs K/V up to `p` and a state exactly at `p`.
+const SPEC: &str = r#"
+model = "sim-test"
+[[group]]
+name = "attn"
+kind = "chain"
+block_size = 128
+layers = "0-1"
+bytes_per_token = 64
+[[group]]
+name = "ssm"
+kind = "snapshot"
+grid = 128
+state_bytes = 8192
+layers = "2"
+retention = { request_end = true, second_unserved = true }
+"#;
+
+fn model() -> Model {
+    Model::new(SpecTable::from_toml(SPEC).unwrap())
+}
+
+fn req(ids: &[u64], input: u64, output: u64) -> TraceRequest {
+    TraceRequest {
+        timestamp_ms: 0,
+        input_length: input,
+        output_length: output,
+        hash_ids: ids.to_vec(),
+    }
+}
+
+fn cfg() -> SimConfig {
+    SimConfig {
+        sglang_chunk: 512,
+        lmcache_chunk: 256,
+        ..SimConfig::default()
+    }
+}
+
+/// Per request: tokens served, running `mode` with an engine cache of
+/// `engine` tokens.
+fn served(mode: SimMode, engine: u64, cfg: &SimConfig, trace: &[TraceRequest]) -> Vec<u64> {
+    let m = model();
+    let mut sim = Sim::new(&m, mode, engine, cfg);
+    trace
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let r = SimRequest::new(&m, cfg.seed, k, t).unwrap();
+            sim.step(&m, &r).unwrap().served
+        })
+        .collect()
+}
+
+/// A shares 1024 tokens with B and C (two 512-token blocks); C comes
+/// after B.
+fn diverging() -> Vec<TraceRequest> {
+    vec![
+        req(&[1, 2, 3], 1536, 16),
+        req(&[1, 2, 4], 1536, 16),
+        req(&[1, 2, 5], 1536, 16),
+    ]
+}
+
+#[test]
+fn vllm_keeps_states_only_at_prompt_ends_so_a_diverging_prefix_misses() {
+    // States of A at floor(1535/128)*128 = 1408 and 1536; B and C match
+    // 1024 tokens of K/V with no state at or below it.
+    assert_eq!(
+        served(SimMode::Vllm, 1 << 20, &cfg(), &diverging()),
+        [0, 0, 0]
+    );
+    // The same prompt again: the state at 1408 (<= P-1) serves it.
+    let again = vec![req(&[1, 2, 3], 1536, 16), req(&[1, 2, 3], 1536, 16)];
+    assert_eq!(served(SimMode::Vllm, 1 << 20, &cfg(), &again), [0, 1408]);
+}
+
+#[test]
+fn ucm_keeps_a_state_at_the_second_unserved_occurrence_of_a_prefix() {
+    // B is the second unserved request over [0, 1024): UCM keeps a state
+    // there, and C hits it; the engine's cache in front serves nothing.
+    assert_eq!(
+        served(SimMode::Ucm, 1 << 20, &cfg(), &diverging()),
+        [0, 0, 1024]
+    );
+    // fold keeps a state only where a prompt ended on the grid (1536).
+    assert_eq!(
+        served(SimMode::Fold, 1 << 20, &cfg(), &diverging()),
+        [0, 0, 0]
+    );
+}
+
+#[test]
+fn sglang_keeps_a_state_at_each_chunk_end_and_lmcache_at_each_chunk() {
+    // SGLang with 512-token prefill chunks: A leaves states at 512 and 1024.
+    assert_eq!(
+        served(SimMode::Sglang, 1 << 20, &cfg(), &diverging()),
+        [0, 1024, 1024]
+    );
+    // LMCache (256-token chunks, a state at each boundary).
+    assert_eq!(
+        served(SimMode::Lmcache, 1 << 20, &cfg(), &diverging()),
+        [0, 1024, 1024]
+    );
+    // A chunk of 768 tokens: SGLang's state below 1024 is at 768.
+    let c = SimConfig {
+        sglang_chunk: 768,
+        ..cfg()
+    };
+    assert_eq!(
+        served(SimMode::Sglang, 1 << 20, &c, &diverging()),
+        [0, 768, 768]
+    );
+}
+
+#[test]
+fn a_hit_in_the_engine_cache_is_not_a_load_and_a_small_engine_leaves_it_to_the_tiers() {
+    let m = model();
+    let again: Vec<TraceRequest> = (0..3).map(|_| req(&[7, 8], 1024, 0)).collect();
+    let run = |engine: u64| {
+        let mut sim = Sim::new(&m, SimMode::Ucm, engine, &cfg());
+        again
+            .iter()
+            .enumerate()
+            .map(|(k, t)| {
+                sim.step(&m, &SimRequest::new(&m, 1, k, t).unwrap())
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    // A big engine cache serves the repeats itself (896: vLLM's state at
+    // floor(1023/128)*128): UCM loads nothing.
+    let big = run(1 << 20);
+    for s in &big[1..] {
+        assert_eq!((s.served, s.engine), (896, 896));
+        assert_eq!(s.loaded.pool + s.loaded.disk, 0);
+    }
+    // An engine cache smaller than one block keeps nothing: UCM serves the
+    // third request from its memory tier (the second-unserved state at
+    // 896), loading the K/V of [0, 896) and the state: 896 x 128 B + 8 KiB.
+    let small = run(64);
+    assert_eq!((small[1].served, small[1].engine), (0, 0));
+    assert_eq!((small[2].served, small[2].engine), (896, 0));
+    assert_eq!(small[2].loaded.pool, 896 * 128 + 8192);
+    assert_eq!(small[2].loaded.disk, 0);
+    assert_eq!(served(SimMode::Vllm, 64, &cfg(), &again), [0, 0, 0]);
+}
+
+#[test]
+fn ucm_saves_from_its_own_hit_what_the_engine_served_but_its_tiers_lost() {
+    let m = model();
+    // Tiers that hold one 1024-token prompt (and its states), a big
+    // engine cache.
+    let c = SimConfig {
+        pool_tokens: 1200,
+        disk_tokens: 1200,
+        ..cfg()
+    };
+    let trace = [
+        req(&[1, 2], 1024, 0),
+        req(&[3, 4], 1024, 0),
+        req(&[1, 2], 1024, 0),
+    ];
+    let mut sim = Sim::new(&m, SimMode::Ucm, 1 << 20, &c);
+    let steps: Vec<_> = trace
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            sim.step(&m, &SimRequest::new(&m, 1, k, t).unwrap())
+                .unwrap()
+        })
+        .collect();
+    // The third request: the engine serves 896, UCM lost the prompt to the
+    // second one, so it saves the whole prompt again (8 blocks of 128 x
+    // 128 B) from the engine's memory, plus its request-end state.
+    assert_eq!((steps[2].engine, steps[2].served), (896, 896));
+    assert_eq!(steps[2].saved, 8 * 128 * 128 + 8192);
+}
+
+#[test]
+fn tiers_too_small_for_a_prompt_serve_nothing_and_big_ones_serve_everything() {
+    let trace: Vec<TraceRequest> = (0..6).map(|_| req(&[1, 2, 3, 4], 2048, 0)).collect();
+    let small = SimConfig {
+        pool_tokens: 100,
+        disk_tokens: 100,
+        ..cfg()
+    };
+    // No engine cache either: nothing is kept anywhere.
+    assert!(served(SimMode::Ucm, 0, &small, &trace)
+        .iter()
+        .all(|&s| s == 0));
+    assert!(served(SimMode::Lmcache, 0, &small, &trace)
+        .iter()
+        .all(|&s| s == 0));
+    // Tiers that hold the prompt. LMCache's chunk states serve a repeat
+    // from the second request on (1792: the last 256-token boundary below
+    // P-1). UCM keeps a state at request end (2048, which a repeat cannot
+    // use) and, at the second unserved occurrence, at the repeat's last
+    // servable grid point (1920): the third request on hits there.
+    let ucm = served(SimMode::Ucm, 0, &cfg(), &trace);
+    let lm = served(SimMode::Lmcache, 0, &cfg(), &trace);
+    assert_eq!(lm, [0, 1792, 1792, 1792, 1792, 1792]);
+    assert_eq!(ucm, [0, 0, 1920, 1920, 1920, 1920]);
+    // Tiers of 1.5 prompts: UCM (K/V and two states per prompt) still
+    // holds the one prompt.
+    let tight = SimConfig {
+        pool_tokens: 3072,
+        disk_tokens: 3072,
+        ..cfg()
+    };
+    assert_eq!(
+        served(SimMode::Ucm, 0, &tight, &trace),
+        [0, 0, 1920, 1920, 1920, 1920]
+    );
+}
+
+#[test]
+fn decode_retention_lets_the_next_turn_hit_through_the_answer() {
+    let m = model();
+    let prompt: Vec<u32> = (0..1536u32).collect();
+    let answer: Vec<u32> = (5000..5512u32).collect();
+    let mut next = prompt.clone();
+    next.extend(&answer);
+    next.extend(9000..9512u32);
+    let turn1 = SimRequest::from_tokens(&m, &prompt, &answer).unwrap();
+    let turn2 = SimRequest::from_tokens(&m, &next, &[]).unwrap();
+    let run = |mode: SimMode, decode: bool| {
+        let c = SimConfig {
+            decode_retention: decode,
+            ..cfg()
+        };
+        let mut sim = Sim::new(&m, mode, 0, &c);
+        sim.step(&m, &turn1).unwrap();
+        sim.step(&m, &turn2).unwrap().served
+    };
+    // The state at the end of the generated sequence (2048) and the
+    // answer's blocks: the next turn resumes after the answer.
+    assert_eq!(run(SimMode::Ucm, true), 2048);
+    // Without it, only the prompt's end (1536).
+    assert_eq!(run(SimMode::Ucm, false), 1536);
+}
+
+#[test]
+fn recompute_serves_nothing_and_simulate_sums_the_steps() {
+    let m = model();
+    let trace = diverging();
+    let noop = |_: &str| {};
+    let r = simulate(&trace, &m, SimMode::Recompute, 1 << 20, &cfg(), &noop).unwrap();
+    assert_eq!((r.served_tokens, r.prompt_tokens), (0, 3 * 1536));
+    let s = simulate(&trace, &m, SimMode::Sglang, 1 << 20, &cfg(), &noop).unwrap();
+    assert_eq!(s.served_tokens, 2048);
+    assert!((s.hit_rate - 2048.0 / 4608.0).abs() < 1e-9);
+    assert!(s.ttft_mean_ms < r.ttft_mean_ms);
+}
+
+fn ucm() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ucm"))
+}
+
+#[test]
+fn the_cli_replays_a_sample_of_the_shared_trace_in_every_mode() {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/mooncake/synthetic_trace.jsonl");
+    let svg = tempfile::NamedTempFile::new().unwrap();
+    let out = ucm()
+        .args(["replay", "--trace"])
+        .arg(&file)
+        .args(["--limit", "300", "--sweep", "1e5,1e7", "--json", "--plot"])
+        .arg(svg.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "capacity-only");
+    let points = v["points"].as_array().unwrap();
+    // Five modes at two capacities, recompute once.
+    assert_eq!(points.len(), 11);
+    let ideal = v["summary"]["ideal_hit_rate"].as_f64().unwrap();
+    for p in points {
+        let h = p["hit_rate"].as_f64().unwrap();
+        assert!((0.0..=ideal + 0.01).contains(&h), "{p}");
+    }
+    let plot = std::fs::read_to_string(svg.path()).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("lmcache") && plot.contains("ideal"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("capacity-only"));
+}
+
+#[test]
+fn the_cli_refuses_bad_trace_options() {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data/mooncake/synthetic_trace.jsonl");
+    for (args, want) in [
+        (vec!["--modes", "vllm,nope"], "is not one of"),
+        (
+            vec!["--sweep", "1e4", "--engine-capacity", "1e5"],
+            "not both",
+        ),
+        (vec!["--pool-capacity", "1e4,1e5"], "one capacity"),
+        (vec!["--disk-gib-s", "0"], "positive bandwidth"),
+    ] {
+        let out = ucm()
+            .args(["replay", "--trace"])
+            .arg(&file)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // Trace options without a trace.
+    let out = ucm().args(["replay", "--limit", "3"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--limit needs --trace"));
+}
