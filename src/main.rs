@@ -124,6 +124,12 @@ struct ReplayArgs {
     /// With `--trace`: `ucm` does not keep what its requests decode.
     #[arg(long)]
     no_decode_retention: bool,
+    /// With `--trace` and `--limit`: also move the bytes (the engine
+    /// harness with the content oracle, `ucm` mode, no engine cache) and
+    /// check that every request is served what the capacity-only model
+    /// serves.
+    #[arg(long)]
+    bytes: bool,
     /// Byte sizes divided by this (structure unchanged).
     #[arg(long, default_value_t = 64)]
     bytes_scale: u64,
@@ -409,14 +415,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         }
     }
     let modes = parse_modes::<ucm::replay::Mode>(a.modes.as_deref(), "ucm,recompute,fold")?;
-    let dir = a.dir.unwrap_or_else(|| {
-        let shm = PathBuf::from("/dev/shm");
-        if shm.is_dir() {
-            shm
-        } else {
-            std::env::temp_dir()
-        }
-    });
+    let dir = a.dir.unwrap_or_else(default_scratch_parent);
     let cfg = ucm::replay::ReplayConfig {
         spec: a.spec,
         workload: a.workload,
@@ -487,6 +486,74 @@ fn explain(a: ExplainArgs) -> Result<(), String> {
         );
     } else {
         print!("{}", out.render_text(&spec));
+    }
+    Ok(())
+}
+
+/// Where the replay's stores go by default: /dev/shm when present.
+fn default_scratch_parent() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// `ucm replay --trace F --limit N --bytes`: the byte-moving sample set
+/// beside the capacity-only model.
+fn sample(
+    a: &ReplayArgs,
+    t: &[ucm::replay::trace::TraceRequest],
+    model: &ucm::replay::sim::units::Model,
+    cfg: &ucm::replay::sim::SimConfig,
+) -> Result<(), String> {
+    use std::io::Write;
+    if a.limit.is_none() {
+        return Err("--bytes moves every block: give a sample with --limit".into());
+    }
+    let dir = a.dir.clone().unwrap_or_else(default_scratch_parent);
+    let line = |l: &str| {
+        let mut e = std::io::stderr();
+        let _ = write!(e, "\r{l}");
+        let _ = e.flush();
+    };
+    let r = ucm::replay::sim::sample::run_sample(
+        t,
+        &model.spec,
+        cfg,
+        a.bytes_scale,
+        &dir,
+        a.sabotage,
+        &line,
+    )
+    .map_err(|e| e.to_string())?;
+    eprintln!();
+    if a.json {
+        println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+    } else {
+        println!(
+            "byte-moving sample ({} requests, bytes at 1/{}, content oracle): {} of {} prompt \
+             tokens served; capacity-only on the same requests: {}; {} disagreements; {} items \
+             checked, {} wrong",
+            r.requests,
+            a.bytes_scale,
+            r.served_moving,
+            r.prompt_tokens,
+            r.served_capacity_only,
+            r.disagreements,
+            r.checked_items,
+            r.wrong
+        );
+    }
+    if r.wrong > 0 {
+        return Err(format!("{} wrong hits or lost saves", r.wrong));
+    }
+    if r.disagreements > 0 {
+        return Err(format!(
+            "{} requests served differently by the two modes (request, moving, capacity-only): {:?}",
+            r.disagreements, r.first_disagreements
+        ));
     }
     Ok(())
 }
@@ -570,6 +637,9 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
         modes.len(),
         caps.len()
     );
+    if a.bytes {
+        return sample(&a, &t, &model, &cfg);
+    }
     let summary = trace::summarize(&t, &caps, |l| eprintln!("ucm replay: trace {l}"));
     let progress = |l: &str| {
         let mut e = std::io::stderr();

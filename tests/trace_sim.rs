@@ -331,3 +331,71 @@ fn the_cli_refuses_bad_trace_options() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--limit needs --trace"));
 }
+
+/// A small trace with reuse: shared prefixes that diverge, exact repeats,
+/// a prefix that returns after another one.
+const MINI: &str = r#"{"timestamp": 0, "input_length": 3000, "output_length": 200, "hash_ids": [1, 2, 3, 4, 5, 6]}
+{"timestamp": 1, "input_length": 3100, "output_length": 100, "hash_ids": [1, 2, 3, 4, 7, 8, 9]}
+{"timestamp": 2, "input_length": 2600, "output_length": 50, "hash_ids": [1, 2, 3, 4, 10, 11]}
+{"timestamp": 3, "input_length": 3000, "output_length": 200, "hash_ids": [1, 2, 3, 4, 5, 6]}
+{"timestamp": 4, "input_length": 3000, "output_length": 10, "hash_ids": [1, 2, 3, 4, 5, 6]}
+{"timestamp": 5, "input_length": 1500, "output_length": 10, "hash_ids": [20, 21, 22]}
+{"timestamp": 6, "input_length": 5000, "output_length": 10, "hash_ids": [1, 2, 3, 4, 5, 30, 31, 32, 33, 34]}
+{"timestamp": 7, "input_length": 5000, "output_length": 10, "hash_ids": [1, 2, 3, 4, 5, 30, 31, 32, 33, 35]}
+{"timestamp": 8, "input_length": 1500, "output_length": 10, "hash_ids": [20, 21, 22]}
+{"timestamp": 9, "input_length": 1500, "output_length": 10, "hash_ids": [20, 21, 22]}
+"#;
+
+fn sample(extra: &[&str]) -> std::process::Output {
+    // tmpfs when there is one: the stores sync every block.
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let file = dir.path().join("mini.jsonl");
+    std::fs::write(&file, MINI).unwrap();
+    ucm()
+        .args(["replay", "--trace"])
+        .arg(&file)
+        .args(["--limit", "10", "--bytes", "--json", "--dir"])
+        .arg(dir.path())
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn moving_the_bytes_serves_what_the_capacity_only_model_serves() {
+    let out = sample(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["disagreements"], 0, "{v}");
+    assert_eq!(v["wrong"], 0, "{v}");
+    let served = v["served_moving"].as_u64().unwrap();
+    assert_eq!(served, v["served_capacity_only"].as_u64().unwrap());
+    // Both diverging prefixes, the repeats and the returning prefix hit:
+    // about half the prompt tokens, every loaded item checked.
+    assert!(served > 10_000, "{v}");
+    assert!(v["checked_items"].as_u64().unwrap() > 1000, "{v}");
+}
+
+#[test]
+fn a_planted_bug_in_the_byte_moving_run_fails_the_check() {
+    // A byte flipped in a loaded block: the oracle's wrong hit.
+    let out = sample(&["--sabotage", "flip-byte"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("wrong hits"));
+    // Saves that leave a block out: the save audit reports them lost, and
+    // the next requests are served less than the model says.
+    let out = sample(&["--sabotage", "skip-save"]);
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["wrong"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["disagreements"].as_u64().unwrap() > 0, "{v}");
+}

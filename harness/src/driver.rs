@@ -132,16 +132,23 @@ pub struct Request {
     pub keys: RequestKeys,
     /// Fault: this rank dies before its saves (it skips them).
     pub dead_rank: Option<u32>,
+    /// Tokens the request generates after its prompt (empty: none). The
+    /// engine decodes them after the prefill: the connector's
+    /// `extend_tokens`, then steps that end at the planned checkpoint
+    /// positions and at the sequence's end, so the blocks decoding
+    /// completes and the state at the end are saved (decode retention).
+    pub output: Arc<Vec<u32>>,
 }
 
 impl Request {
-    /// A request without salt, keys or faults.
+    /// A request without salt, keys, faults or output.
     pub fn new(id: impl Into<String>, tokens: Vec<u32>) -> Self {
         Request {
             id: id.into(),
             tokens: Arc::new(tokens),
             keys: RequestKeys::default(),
             dead_rank: None,
+            output: Arc::new(Vec::new()),
         }
     }
 }
@@ -459,13 +466,14 @@ impl Engine {
         };
         let (matched, _) = self.sched.get_num_new_matched_tokens(&er, 0)?;
         let n = req.tokens.len();
-        if n > self.cfg.max_tokens {
+        let total = n + req.output.len();
+        if total > self.cfg.max_tokens {
             return Err(HarnessError::Config(format!(
-                "request `{}` has {n} tokens; the engine was sized for {}",
+                "request `{}` has {total} tokens with its output; the engine was sized for {}",
                 req.id, self.cfg.max_tokens
             )));
         }
-        let alloc = self.alloc.allocate(&self.cfg.spec, n).ok_or_else(|| {
+        let alloc = self.alloc.allocate(&self.cfg.spec, total).ok_or_else(|| {
             HarnessError::Config(format!("no free engine blocks for request `{}`", req.id))
         })?;
         for rk in &mut self.ranks {
@@ -506,6 +514,27 @@ impl Engine {
         let mut saved_states: Vec<(usize, u64)> = Vec::new();
         let mut metas: Vec<Arc<ConnectorMeta>> = Vec::new();
         let mut start = matched;
+        // The prefill's chunks, then (with an output) the decode's: the
+        // tokens grow by the output and the steps end at the planned
+        // positions beyond the prompt and at the sequence's end.
+        let mut ends = ends;
+        let n = req.tokens.len() as u64;
+        let mut decode: Vec<u64> = Vec::new();
+        if !req.output.is_empty() {
+            let mut all = req.tokens.to_vec();
+            all.extend_from_slice(&req.output);
+            let total = all.len() as u64;
+            self.sched.extend_tokens(&req.id, Arc::new(all))?;
+            let mut at: BTreeSet<u64> = self
+                .sched
+                .checkpoint_positions(&req.id)
+                .into_iter()
+                .filter(|&p| p > n && p <= total)
+                .collect();
+            at.insert(total);
+            decode.extend(at);
+        }
+        ends.extend(decode);
         for &end in &ends {
             let chunk = Scheduled {
                 req: req.id.clone(),
@@ -544,7 +573,9 @@ impl Engine {
         out.load_errors
             .dedup_by(|a, b| (a.group, a.engine_block) == (b.group, b.engine_block));
         self.finish_saves(req, &mut out);
-        if let Some(meta) = metas.first() {
+        // The last step's metadata holds the ids of every token (decoding
+        // extends them).
+        if let Some(meta) = metas.last() {
             self.audit(
                 req,
                 &meta.requests[0],

@@ -379,3 +379,35 @@ fn a_block_without_an_id_is_reported_not_skipped() {
         "{f:?}"
     );
 }
+
+#[test]
+fn decoded_tokens_are_saved_so_the_next_turn_hits_through_the_answer() {
+    let prompt = tokens(7, 100);
+    let answer = tokens(8, 60);
+    let mut next = prompt.clone();
+    next.extend(&answer);
+    next.extend(tokens(9, 40));
+    let turn = |decode: bool| {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut e = engine("all_union", tmp.path());
+        let mut first = Request::new("t1", prompt.clone());
+        if decode {
+            first.output = Arc::new(answer.clone());
+        }
+        let o = e.run(&first).unwrap();
+        clean(&o);
+        run(&mut e, "t2", &next)
+    };
+    // Request end is the end of the whole sequence: once the answer is
+    // decoded, the state after its last token (160) is kept and the
+    // answer's full blocks are saved like the prompt's, so the next turn
+    // (which re-sends the answer) resumes at 160, every loaded byte
+    // checked.
+    let with = turn(true);
+    assert_eq!((with.matched, with.served), (160, 160));
+    // attn 2 layers x 10 + row 10 + swa 2 + idx 10 + state 1.
+    assert_eq!(with.checked, 20 + 10 + 2 + 10 + 1);
+    // Without decoding, the prompt's end aligned down (96).
+    let without = turn(false);
+    assert_eq!((without.matched, without.served), (96, 96));
+}

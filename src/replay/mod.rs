@@ -156,7 +156,7 @@ pub enum SabotageKind {
 }
 
 impl SabotageKind {
-    fn adapter(self) -> Option<Sabotage> {
+    pub(crate) fn adapter(self) -> Option<Sabotage> {
         match self {
             SabotageKind::FlipByte => None,
             SabotageKind::SkipLoad => Some(Sabotage::SkipLoad),
@@ -253,7 +253,11 @@ fn run_mode(
     let scratch = crate::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
         .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?;
     let dir = scratch.path().to_path_buf();
-    let max_tokens = reqs.iter().map(|r| r.tokens.len()).max().unwrap_or(0);
+    let max_tokens = reqs
+        .iter()
+        .map(|r| r.tokens.len() + r.output.len())
+        .max()
+        .unwrap_or(0);
     let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens))?;
     let mut faults = Faults::new(cfg, &ctx.spec);
     let (mut sum_l, mut sum_p, mut reusable_total) = (0u64, 0u64, 0u64);
@@ -269,6 +273,12 @@ fn run_mode(
             tokens: Arc::clone(&w.tokens),
             keys: RequestKeys::default(),
             dead_rank: None,
+            // Decode retention is the design's: only `ucm` keeps answers.
+            output: if mode == Mode::Ucm {
+                Arc::clone(&w.output)
+            } else {
+                Arc::new(Vec::new())
+            },
         };
         let read_fault = faults.pending.is_some()
             || (faults.wants(k) && faults.kind_next() == FaultKind::ReadEio);

@@ -29,6 +29,9 @@ pub struct WorkRequest {
     pub turn: usize,
     /// The prompt.
     pub tokens: Arc<Vec<u32>>,
+    /// The answer the engine generates (chat: the next turn re-sends it;
+    /// empty for the other workloads).
+    pub output: Arc<Vec<u32>>,
 }
 
 pub(super) fn mix(seed: u64, a: u64, b: u64, c: u64) -> u64 {
@@ -53,13 +56,15 @@ pub fn workload(cfg: &ReplayConfig) -> Vec<WorkRequest> {
                     let answer = 64 + (mix(s, 11, i as u64, t as u64) % 384) as usize;
                     let mut prompt = h.clone();
                     prompt.extend(seeded_tokens(mix(s, 2, i as u64, t as u64), user));
+                    let reply = seeded_tokens(mix(s, 3, i as u64, t as u64), answer);
                     let mut next = prompt.clone();
-                    next.extend(seeded_tokens(mix(s, 3, i as u64, t as u64), answer));
+                    next.extend(&reply);
                     *h = next;
                     out.push(WorkRequest {
                         session: i,
                         turn: t,
                         tokens: Arc::new(prompt),
+                        output: Arc::new(reply),
                     });
                 }
             }
@@ -77,6 +82,7 @@ pub fn workload(cfg: &ReplayConfig) -> Vec<WorkRequest> {
                         session: d,
                         turn: q,
                         tokens: Arc::new(prompt),
+                        output: Arc::new(Vec::new()),
                     });
                 }
             }
@@ -88,6 +94,7 @@ pub fn workload(cfg: &ReplayConfig) -> Vec<WorkRequest> {
                     session: i,
                     turn: 0,
                     tokens: Arc::new(seeded_tokens(mix(s, 7, i as u64, 0), len)),
+                    output: Arc::new(Vec::new()),
                 });
             }
         }
@@ -95,8 +102,9 @@ pub fn workload(cfg: &ReplayConfig) -> Vec<WorkRequest> {
     out
 }
 
-/// Per request: the longest prefix shared with any earlier prompt (what a
-/// perfect cache could serve, before the grid and the last-token rule).
+/// Per request: the longest prefix shared with any earlier request's
+/// sequence, prompt and answer (what a perfect cache that keeps answers
+/// could serve, before the grid and the last-token rule).
 pub(super) fn reusable(reqs: &[WorkRequest]) -> Vec<u64> {
     (0..reqs.len())
         .map(|i| {
@@ -104,10 +112,8 @@ pub(super) fn reusable(reqs: &[WorkRequest]) -> Vec<u64> {
             reqs[..i]
                 .iter()
                 .map(|e| {
-                    t.iter()
-                        .zip(e.tokens.iter())
-                        .take_while(|(a, b)| a == b)
-                        .count()
+                    let seq = e.tokens.iter().chain(e.output.iter());
+                    t.iter().zip(seq).take_while(|(a, b)| a == b).count()
                 })
                 .max()
                 .unwrap_or(0) as u64

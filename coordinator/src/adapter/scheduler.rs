@@ -418,6 +418,23 @@ impl<P: Presence> Scheduler<P> {
         all.into_iter().collect()
     }
 
+    /// Retention's plan of a request per snapshot group: `(group index,
+    /// position)` pairs, ascending by group then position.
+    pub fn checkpoint_plan(&self, req_id: &str) -> Vec<(usize, u64)> {
+        let mut out: Vec<(usize, u64)> = self
+            .reqs
+            .get(req_id)
+            .map(|st| {
+                st.plan
+                    .iter()
+                    .flat_map(|(g, ps)| ps.iter().map(move |p| (*g, *p)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
+    }
+
     /// The request ended. Returns whether its blocks must stay allocated
     /// for an asynchronous save (never: `wait_for_save` finishes every copy
     /// out of the engine's blocks within the step).

@@ -27,6 +27,7 @@
 pub mod cache;
 pub mod lmcache;
 pub mod report;
+pub mod sample;
 pub mod sglang;
 pub mod tiers;
 pub mod ucm;

@@ -125,9 +125,11 @@ impl UcmTiers {
         }
         let mut units = m.blocks(&r.hashes, p_star, end, false);
         let mut states = Vec::new();
-        for p in self.sched.checkpoint_positions(&id) {
+        // Each group's own plan: a state where a step ends on one of its
+        // positions (steps end at every planned position).
+        for (g, p) in self.sched.checkpoint_plan(&id) {
             if p > served && p <= end {
-                states.extend(m.states(&r.hashes, &r.seq, p));
+                states.extend(m.state(g, &r.hashes, &r.seq, p).map(|u| (p, u)));
             }
         }
         units.extend(states.iter().copied());

@@ -109,6 +109,16 @@ impl Model {
             .collect()
     }
 
+    /// The state unit of snapshot group `group` (its index) at `p`.
+    pub fn state(&self, group: usize, h: &RequestHashes, tokens: &[u32], p: u64) -> Option<Unit> {
+        let g = self.spec.groups().get(group)?;
+        (g.kind == Kind::Snapshot).then_some(())?;
+        state_hash(g, h, tokens, p).map(|hash| Unit::State {
+            group: group as u16,
+            hash,
+        })
+    }
+
     /// `p*` of a prompt over what `held` holds, the last token never
     /// served (the coordinator's `resolve`, over the prompt less its last
     /// token); 0 for prompts too short to hit.
