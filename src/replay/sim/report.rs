@@ -139,7 +139,7 @@ pub fn render_svg(r: &SimReport) -> String {
     let (w, h, pad) = (720.0, 360.0, 50.0);
     let caps = r.capacities();
     let colors = [
-        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f", "#e377c2",
+        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f", "#e377c2", "#bcbd22",
     ];
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
