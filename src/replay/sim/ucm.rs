@@ -97,12 +97,7 @@ impl UcmTiers {
 
     /// Loads `[from, to)` and the states at `to`.
     pub fn load(&mut self, m: &Model, r: &SimRequest, from: u64, to: u64) -> Loaded {
-        let mut units: Vec<Unit> = m
-            .blocks(&r.hashes, from, to, true)
-            .into_iter()
-            .map(|u| u.1)
-            .collect();
-        units.extend(m.states(&r.hashes, &r.seq, to).into_iter().map(|u| u.1));
+        let units = m.hit_units(&r.hashes, &r.seq, from, to);
         let (dir, names) = (&self.dir, &self.names);
         locked(&self.tiers).load(m, &units, |u| forget(dir, names, u))
     }

@@ -109,6 +109,15 @@ impl Model {
             .collect()
     }
 
+    /// What a hit at `to` loads beyond `from` (the engine holds what lies
+    /// below): the K/V of `[from, to)` (windowed groups only their window
+    /// before `to`) and every group's state at `to`.
+    pub fn hit_units(&self, h: &RequestHashes, tokens: &[u32], from: u64, to: u64) -> Vec<Unit> {
+        let blocks = self.blocks(h, from, to, true).into_iter();
+        let states = self.states(h, tokens, to).into_iter();
+        blocks.chain(states).map(|u| u.1).collect()
+    }
+
     /// The state unit of snapshot group `group` (its index) at `p`.
     pub fn state(&self, group: usize, h: &RequestHashes, tokens: &[u32], p: u64) -> Option<Unit> {
         let g = self.spec.groups().get(group)?;
