@@ -43,12 +43,7 @@ use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, OpenOptions};
 
 use crate::error::{Result, StoreError};
 use crate::geometry::{BlockId, Geometry};
-use crate::paths;
-
-const MAGIC: [u8; 8] = *b"UCMBLK\x00\x01";
-const FORMAT_VERSION: u32 = 1;
-/// Bytes of the fixed header part before the shard checksums.
-const FIXED: usize = 8 + 4 + 4 + 8 + 16;
+use crate::{header, paths};
 
 /// How the disk tier is set up.
 #[derive(Clone, Debug)]
@@ -214,8 +209,8 @@ impl DiskTier {
                 cfg.dir.display()
             );
         }
-        let shards = cfg.geometry.shards_per_block as usize;
-        let header_bytes = (FIXED + 4 * shards + 4).div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN;
+        let header_bytes =
+            header::header_len(cfg.geometry).div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN;
         Ok(DiskTier {
             cfg,
             engine,
@@ -341,38 +336,18 @@ impl DiskTier {
     }
 
     fn header(&self, id: &BlockId, shards: &[IoBuf]) -> IoBuf {
-        let g = self.cfg.geometry;
         let mut h = IoBuf::new(self.header_bytes);
-        let b = h.as_mut_slice();
-        b[0..8].copy_from_slice(&MAGIC);
-        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&g.shards_per_block.to_le_bytes());
-        b[16..24].copy_from_slice(&(g.shard_bytes as u64).to_le_bytes());
-        b[24..40].copy_from_slice(id);
-        for (i, s) in shards.iter().enumerate() {
-            let at = FIXED + 4 * i;
-            b[at..at + 4].copy_from_slice(&crc32c::crc32c(s.as_slice()).to_le_bytes());
-        }
-        let end = FIXED + 4 * shards.len();
-        let crc = crc32c::crc32c(&b[..end]);
-        b[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+        let crcs: Vec<u32> = shards
+            .iter()
+            .map(|s| crc32c::crc32c(s.as_slice()))
+            .collect();
+        header::write_header(self.cfg.geometry, id, &crcs, h.as_mut_slice());
         h
     }
 
     /// Parses and checks a header; returns the shard checksums.
     fn parse_header(&self, id: &BlockId, b: &[u8]) -> Option<Vec<u32>> {
-        let g = self.cfg.geometry;
-        let n = g.shards_per_block as usize;
-        let end = FIXED + 4 * n;
-        let le32 = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
-        let ok = b.len() >= end + 4
-            && b[0..8] == MAGIC
-            && le32(8) == FORMAT_VERSION
-            && le32(12) == g.shards_per_block
-            && b[16..24] == (g.shard_bytes as u64).to_le_bytes()
-            && b[24..40] == id[..]
-            && crc32c::crc32c(&b[..end]) == le32(end);
-        ok.then(|| (0..n).map(|i| le32(FIXED + 4 * i)).collect())
+        header::parse_header(self.cfg.geometry, id, b)
     }
 
     /// Writes block `id` with all its shards (in shard order), crash-safely:

@@ -51,6 +51,16 @@ pub enum StoreError {
     /// later. Nothing was dropped.
     #[error("every pool slot the key may use is pinned or loading; retry later")]
     PoolFull,
+    /// The remote tier's servers failed, refused or did not answer in time
+    /// (`op` says what was attempted).
+    #[error("remote tier: {op}: {source}")]
+    Remote {
+        /// What was attempted.
+        op: &'static str,
+        /// The client's error (its kind tells a timeout from a refusal).
+        #[source]
+        source: redis::RedisError,
+    },
     /// A snapshot key of another group was given to a group's store.
     #[error("a key of snapshot group {got} was given to the store of group {expected}")]
     WrongGroup {

@@ -35,6 +35,8 @@ pub enum FailureKind {
     /// The caller could not even build the task (no store for the group,
     /// an unregistered layer, a missing state slot).
     NotSubmitted,
+    /// The remote tier's servers failed, refused or did not answer in time.
+    Remote,
 }
 
 impl FailureKind {
@@ -90,6 +92,7 @@ impl Failure {
             },
             StoreError::QueueFull => Failure::new(FailureKind::QueueFull, detail),
             StoreError::PoolFull => Failure::new(FailureKind::PoolFull, detail),
+            StoreError::Remote { .. } => Failure::new(FailureKind::Remote, detail),
             StoreError::Config(_)
             | StoreError::Unsafe { .. }
             | StoreError::GeometryMismatch { .. }

@@ -22,8 +22,10 @@ pub mod disk;
 pub mod error;
 pub mod failure;
 pub mod geometry;
+mod header;
 pub mod paths;
 pub mod pool;
+pub mod remote;
 mod slot;
 pub mod snapshot;
 
@@ -41,5 +43,6 @@ pub use error::{Result, StoreError};
 pub use failure::{Failure, FailureKind};
 pub use geometry::{BlockId, Geometry};
 pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};
+pub use remote::{RemoteConfig, RemoteStats, RemoteTier};
 pub use snapshot::{SnapshotKey, SnapshotStore, StateItem, TieredSnapshotStore};
 pub use ucm_device as device;

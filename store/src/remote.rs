@@ -1,0 +1,376 @@
+//! The remote tier: blocks on a Redis or Valkey cluster that many engine
+//! instances (on many machines) share, below the disk tier or instead of
+//! it.
+//!
+//! **Layout.** Block `id` of an instance of geometry `S x N` (shard bytes
+//! by shards) in namespace `ns` is N shard values and one "published"
+//! value, all under one hash tag so they live in one slot of one master:
+//!
+//! ```text
+//! ucm:<ns>:<S>x<N>:{<hex id>}:<i>    shard i, raw bytes
+//! ucm:<ns>:<S>x<N>:{<hex id>}:pub    the block header: geometry, id, a
+//!                                     CRC32C per shard, its own CRC32C
+//! ```
+//!
+//! The header is the disk tier's block-file header (one format). A write
+//! sends the shards, then the header, on one connection to the slot's
+//! master, so the header is never visible before its shards: a crash or a
+//! lost connection mid-write leaves the block invisible, never half there.
+//!
+//! **Presence** is the header's existence (`EXISTS`, pipelined: one round
+//! trip per master for any number of ids). **A read** fetches the header
+//! and the shards in one pipeline and checks every shard against the
+//! header: a missing shard (evicted by the server's `maxmemory` policy),
+//! a wrong length or a checksum mismatch is a miss, and the block's keys
+//! are deleted. Geometry is part of the key, so instances of another
+//! geometry never meet.
+//!
+//! **Faults.** Every call is bounded by the configured timeout (connect and
+//! response). A cluster that is down or slow makes lookups and reads miss
+//! (and counts the error) and writes fail with [`StoreError::Remote`];
+//! nothing waits longer than the timeout per attempt. A failed connection
+//! is dropped and re-made by the next call.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::cluster::{cluster_pipe, ClusterClient, ClusterClientBuilder, ClusterConnection};
+
+use crate::error::{Result, StoreError};
+use crate::geometry::{BlockId, Geometry};
+use crate::header;
+
+/// Longest namespace accepted.
+const MAX_NAMESPACE: usize = 64;
+
+/// How the remote tier is set up.
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    /// Seed nodes of the cluster, `redis://host:port` each.
+    pub nodes: Vec<String>,
+    /// Key namespace (letters, digits, `_`, `-`, `.`): one per store
+    /// instance (group), shared by the engine instances that share blocks.
+    pub namespace: String,
+    /// The instance's geometry.
+    pub geometry: Geometry,
+    /// Bound of every connect and every response.
+    pub timeout: Duration,
+}
+
+impl RemoteConfig {
+    /// A configuration from a URL `redis://host:port[,host:port...]` (a
+    /// Redis or Valkey cluster's seed nodes).
+    pub fn from_url(url: &str, namespace: &str, geometry: Geometry) -> Result<Self> {
+        let rest = url
+            .strip_prefix("redis://")
+            .or_else(|| url.strip_prefix("valkey://"))
+            .ok_or_else(|| {
+                StoreError::Config(format!(
+                    "remote tier URL `{}` must start with redis:// or valkey://",
+                    url.chars().take(80).collect::<String>()
+                ))
+            })?;
+        let mut nodes = Vec::new();
+        for part in rest.split(',').map(str::trim) {
+            let part = part
+                .strip_prefix("redis://")
+                .or_else(|| part.strip_prefix("valkey://"))
+                .unwrap_or(part);
+            let ok = part.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty()
+                    && host.len() <= 253
+                    && host
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c))
+                    && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                return Err(StoreError::Config(format!(
+                    "remote tier URL: `{}` is not host:port",
+                    part.chars().take(80).collect::<String>()
+                )));
+            }
+            nodes.push(format!("redis://{part}"));
+        }
+        let cfg = RemoteConfig {
+            nodes,
+            namespace: namespace.to_string(),
+            geometry,
+            timeout: Duration::from_secs(2),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.geometry.validate()?;
+        if self.nodes.is_empty() {
+            return Err(StoreError::Config("remote tier: no node".into()));
+        }
+        let ns_ok = !self.namespace.is_empty()
+            && self.namespace.len() <= MAX_NAMESPACE
+            && self
+                .namespace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if !ns_ok {
+            return Err(StoreError::Config(format!(
+                "remote tier namespace `{}` must be 1-{MAX_NAMESPACE} letters, digits, `_`, `-` or `.`",
+                self.namespace.chars().take(80).collect::<String>()
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(StoreError::Config("remote tier: a zero timeout".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of the remote tier.
+#[derive(Debug, Default)]
+pub struct RemoteStats {
+    /// Blocks written.
+    pub written: AtomicU64,
+    /// Blocks read whole and checked.
+    pub read: AtomicU64,
+    /// Blocks found damaged or incomplete (a miss; their keys deleted).
+    pub damaged: AtomicU64,
+    /// Calls that failed (server down, refused, timed out).
+    pub errors: AtomicU64,
+}
+
+/// A block store on a Redis or Valkey cluster.
+pub struct RemoteTier {
+    cfg: RemoteConfig,
+    client: ClusterClient,
+    conn: Mutex<Option<ClusterConnection>>,
+    prefix: String,
+    stats: RemoteStats,
+}
+
+impl std::fmt::Debug for RemoteTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteTier")
+            .field("nodes", &self.cfg.nodes)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+fn hex(id: &BlockId) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl RemoteTier {
+    /// A tier on the cluster of `cfg` (nothing is contacted yet).
+    pub fn new(cfg: RemoteConfig) -> Result<Self> {
+        cfg.validate()?;
+        let client = ClusterClientBuilder::new(cfg.nodes.clone())
+            .connection_timeout(cfg.timeout)
+            .response_timeout(cfg.timeout)
+            .retries(1)
+            .min_retry_wait(10)
+            .max_retry_wait(50)
+            .build()
+            .map_err(|source| StoreError::Remote {
+                op: "configure the client",
+                source,
+            })?;
+        let g = cfg.geometry;
+        let prefix = format!(
+            "ucm:{}:{}x{}",
+            cfg.namespace, g.shard_bytes, g.shards_per_block
+        );
+        Ok(RemoteTier {
+            cfg,
+            client,
+            conn: Mutex::new(None),
+            prefix,
+            stats: RemoteStats::default(),
+        })
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.cfg.geometry
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &RemoteStats {
+        &self.stats
+    }
+
+    fn key(&self, id: &BlockId, part: &str) -> String {
+        format!("{}:{{{}}}:{part}", self.prefix, hex(id))
+    }
+
+    /// Runs `f` on the connection (made first if needed); a failure drops
+    /// the connection so the next call makes a new one.
+    fn with_conn<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut ClusterConnection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            match self.client.get_connection() {
+                Ok(c) => {
+                    let _ = c.set_read_timeout(Some(self.cfg.timeout));
+                    let _ = c.set_write_timeout(Some(self.cfg.timeout));
+                    *guard = Some(c);
+                }
+                Err(source) => {
+                    self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(StoreError::Remote {
+                        op: "connect",
+                        source,
+                    });
+                }
+            }
+        }
+        let Some(conn) = guard.as_mut() else {
+            return Err(StoreError::Config("remote tier: no connection".into()));
+        };
+        match f(conn) {
+            Ok(v) => Ok(v),
+            Err(source) => {
+                *guard = None;
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                Err(StoreError::Remote { op, source })
+            }
+        }
+    }
+
+    /// Per id: is the block published? One pipeline (a round trip per
+    /// master). A cluster that cannot answer: every id is a miss.
+    pub fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
+        if ids.is_empty() {
+            return Vec::new();
+        }
+        let mut p = cluster_pipe();
+        for id in ids {
+            p.cmd("EXISTS").arg(self.key(id, "pub"));
+        }
+        match self.with_conn("lookup", |c| p.query::<Vec<i64>>(c)) {
+            Ok(v) if v.len() == ids.len() => v.into_iter().map(|n| n > 0).collect(),
+            _ => vec![false; ids.len()],
+        }
+    }
+
+    /// Leading ids published.
+    pub fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize {
+        self.lookup(ids).iter().take_while(|&&p| p).count()
+    }
+
+    /// Writes blocks, each with all its shards in shard order: per block the
+    /// shards, then its header (after them on the same connection). One
+    /// pipeline for all of them; a failure fails every block of the call
+    /// (some may still be stored whole: a reported failure is never a
+    /// wrong hit).
+    pub fn write_blocks(&self, blocks: &[(BlockId, Vec<&[u8]>)]) -> Vec<(BlockId, Result<()>)> {
+        let g = self.cfg.geometry;
+        let mut p = cluster_pipe();
+        let mut bad = Vec::new();
+        for (id, shards) in blocks {
+            if shards.len() != g.shards_per_block as usize
+                || shards.iter().any(|s| s.len() != g.shard_bytes)
+            {
+                bad.push(*id);
+                continue;
+            }
+            let crcs: Vec<u32> = shards.iter().map(|s| crc32c::crc32c(s)).collect();
+            for (i, s) in shards.iter().enumerate() {
+                p.cmd("SET")
+                    .arg(self.key(id, &i.to_string()))
+                    .arg(*s)
+                    .ignore();
+            }
+            let mut h = vec![0u8; header::header_len(g)];
+            header::write_header(g, id, &crcs, &mut h);
+            p.cmd("SET").arg(self.key(id, "pub")).arg(h).ignore();
+        }
+        let sent = blocks.len() - bad.len();
+        let r = if sent > 0 {
+            self.with_conn("write", |c| p.query::<()>(c))
+        } else {
+            Ok(())
+        };
+        if r.is_ok() {
+            self.stats.written.fetch_add(sent as u64, Ordering::Relaxed);
+        }
+        blocks
+            .iter()
+            .map(|(id, _)| {
+                let res = if bad.contains(id) {
+                    Err(StoreError::Config(format!(
+                        "a block of {} shards of {} bytes was expected",
+                        g.shards_per_block, g.shard_bytes
+                    )))
+                } else {
+                    match &r {
+                        Ok(()) => Ok(()),
+                        Err(StoreError::Remote { op, source }) => Err(StoreError::Remote {
+                            op,
+                            source: source.clone(),
+                        }),
+                        Err(e) => Err(StoreError::Config(e.to_string())),
+                    }
+                };
+                (*id, res)
+            })
+            .collect()
+    }
+
+    /// Reads shards `shards` of block `id`, checked against its header.
+    /// `Ok(None)`: not published, or damaged (a missing or wrong shard: its
+    /// keys are deleted); `Err`: the cluster failed.
+    pub fn read_shards(&self, id: &BlockId, shards: &[u32]) -> Result<Option<Vec<Vec<u8>>>> {
+        let g = self.cfg.geometry;
+        for &s in shards {
+            g.check_shard(s)?;
+        }
+        let mut p = cluster_pipe();
+        p.cmd("GET").arg(self.key(id, "pub"));
+        for s in shards {
+            p.cmd("GET").arg(self.key(id, &s.to_string()));
+        }
+        let got: Vec<Option<Vec<u8>>> = self.with_conn("read", |c| p.query(c))?;
+        let Some((head, values)) = got.split_first() else {
+            return Ok(None);
+        };
+        let Some(head) = head else {
+            return Ok(None);
+        };
+        let crcs = header::parse_header(g, id, head);
+        let whole = crcs.as_ref().is_some_and(|crcs| {
+            values.len() == shards.len()
+                && values.iter().zip(shards).all(|(v, &s)| {
+                    v.as_ref().is_some_and(|v| {
+                        v.len() == g.shard_bytes && crc32c::crc32c(v) == crcs[s as usize]
+                    })
+                })
+        });
+        if !whole {
+            self.stats.damaged.fetch_add(1, Ordering::Relaxed);
+            // Best effort: a failed delete leaves a block that reads as a
+            // miss again.
+            let _ = self.delete(&[*id]);
+            return Ok(None);
+        }
+        self.stats.read.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(values.iter().flatten().cloned().collect()))
+    }
+
+    /// Deletes blocks (the header first, so none is ever half visible).
+    pub fn delete(&self, ids: &[BlockId]) -> Result<()> {
+        let mut p = cluster_pipe();
+        for id in ids {
+            p.cmd("DEL").arg(self.key(id, "pub")).ignore();
+            for s in 0..self.cfg.geometry.shards_per_block {
+                p.cmd("DEL").arg(self.key(id, &s.to_string())).ignore();
+            }
+        }
+        self.with_conn("delete", |c| p.query::<()>(c))
+    }
+}

@@ -1,0 +1,298 @@
+//! The remote tier on a Redis cluster of 3 masters on loopback: two
+//! instances share blocks through it; a damaged or incomplete block is a
+//! miss and is deleted; keys evicted by the server's own `maxmemory`
+//! policy are misses only; a master killed mid-dump gives reported
+//! failures and misses, never wrong bytes; a cluster that is down misses
+//! and fails within the timeout. Skips without `redis-server` unless
+//! `UCM_REQUIRE_REDIS=1`.
+
+mod redis_cluster;
+
+use std::time::{Duration, Instant};
+
+use redis_cluster::Cluster;
+use ucm_store::{BlockId, Geometry, RemoteConfig, RemoteTier, StoreError};
+
+const GEO: Geometry = Geometry {
+    shard_bytes: 4096,
+    shards_per_block: 4,
+};
+
+fn id(n: u64) -> BlockId {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&n.to_le_bytes());
+    b[8] = 0x5a;
+    b
+}
+
+/// The bytes of shard `s` of block `n`.
+fn shard(n: u64, s: u32) -> Vec<u8> {
+    (0..GEO.shard_bytes)
+        .map(|i| (n.wrapping_mul(31) ^ (u64::from(s) * 7) ^ i as u64) as u8)
+        .collect()
+}
+
+fn tier(url: &str, ns: &str) -> RemoteTier {
+    let mut cfg = RemoteConfig::from_url(url, ns, GEO).unwrap();
+    cfg.timeout = Duration::from_millis(800);
+    RemoteTier::new(cfg).unwrap()
+}
+
+fn write(t: &RemoteTier, ns: impl IntoIterator<Item = u64>) -> Vec<Result<(), StoreError>> {
+    let data: Vec<(u64, Vec<Vec<u8>>)> = ns
+        .into_iter()
+        .map(|n| (n, (0..GEO.shards_per_block).map(|s| shard(n, s)).collect()))
+        .collect();
+    let blocks: Vec<(BlockId, Vec<&[u8]>)> = data
+        .iter()
+        .map(|(n, v)| (id(*n), v.iter().map(Vec::as_slice).collect()))
+        .collect();
+    t.write_blocks(&blocks)
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect()
+}
+
+/// Reads block `n` whole; panics on wrong bytes.
+fn read_checked(t: &RemoteTier, n: u64) -> Result<Option<()>, StoreError> {
+    let all: Vec<u32> = (0..GEO.shards_per_block).collect();
+    Ok(t.read_shards(&id(n), &all)?.map(|v| {
+        for (s, got) in v.iter().enumerate() {
+            assert!(
+                *got == shard(n, s as u32),
+                "WRONG BYTES: block {n} shard {s}"
+            );
+        }
+    }))
+}
+
+#[test]
+fn two_instances_share_blocks_through_the_cluster() {
+    let Some(c) = Cluster::start(3) else { return };
+    let a = tier(&c.url(), "share");
+    let b = tier(&c.url(), "share");
+    assert!(write(&a, 0..64).iter().all(Result::is_ok));
+    let ids: Vec<BlockId> = (0..70).map(id).collect();
+    let seen = b.lookup(&ids);
+    assert!(seen[..64].iter().all(|&x| x) && !seen[64..].iter().any(|&x| x));
+    assert_eq!(b.lookup_on_prefix(&ids), 64);
+    for n in 0..64 {
+        assert_eq!(read_checked(&b, n).unwrap(), Some(()), "block {n}");
+    }
+    // Some shards only, in any order.
+    let got = b.read_shards(&id(5), &[3, 1]).unwrap().unwrap();
+    assert_eq!(got, vec![shard(5, 3), shard(5, 1)]);
+    // Blocks spread over every master (the hash tag keeps a block on one).
+    for i in 0..3 {
+        let keys = c.cli(i, &["dbsize"]);
+        assert!(
+            keys.trim().parse::<u64>().unwrap() > 0,
+            "master {i} holds nothing"
+        );
+    }
+    // Another namespace, or another geometry, sees none of them.
+    assert!(!tier(&c.url(), "other").lookup(&ids).iter().any(|&x| x));
+    let mut cfg = RemoteConfig::from_url(
+        &c.url(),
+        "share",
+        Geometry {
+            shard_bytes: 8192,
+            shards_per_block: 4,
+        },
+    )
+    .unwrap();
+    cfg.timeout = Duration::from_millis(800);
+    assert!(!RemoteTier::new(cfg)
+        .unwrap()
+        .lookup(&ids)
+        .iter()
+        .any(|&x| x));
+}
+
+fn hex(b: &BlockId) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn a_damaged_or_incomplete_block_is_a_miss_and_is_deleted() {
+    let Some(c) = Cluster::start(3) else { return };
+    let t = tier(&c.url(), "damage");
+    assert!(write(&t, 0..3).iter().all(Result::is_ok));
+    let key = |n: u64, part: &str| format!("ucm:damage:4096x4:{{{}}}:{part}", hex(&id(n)));
+    // Block 0: a shard overwritten in place (another length, then the same
+    // length with other bytes).
+    c.cli(0, &["set", &key(0, "2"), "junk"]);
+    assert_eq!(read_checked(&t, 0).unwrap(), None);
+    assert!(!t.lookup(&[id(0)])[0], "the damaged block was deleted");
+    assert_eq!(c.cli(0, &["exists", &key(0, "1")]).trim(), "0");
+    // Block 1: a shard gone (as the server's eviction would leave it).
+    c.cli(0, &["del", &key(1, "3")]);
+    assert_eq!(read_checked(&t, 1).unwrap(), None);
+    assert!(!t.lookup(&[id(1)])[0]);
+    // Block 2: the header damaged.
+    c.cli(0, &["setrange", &key(2, "pub"), "30", "X"]);
+    assert_eq!(read_checked(&t, 2).unwrap(), None);
+    assert!(!t.lookup(&[id(2)])[0]);
+    assert_eq!(
+        t.stats().damaged.load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    // A same-length shard of other bytes.
+    assert!(write(&t, [7]).iter().all(Result::is_ok));
+    let other = "z".repeat(GEO.shard_bytes);
+    c.cli(0, &["set", &key(7, "0"), &other]);
+    assert_eq!(read_checked(&t, 7).unwrap(), None);
+}
+
+#[test]
+fn keys_evicted_by_the_servers_maxmemory_policy_are_misses_only() {
+    let Some(c) = Cluster::start(3) else { return };
+    // Each master may hold 1 MiB more than it uses empty.
+    for i in 0..3 {
+        let info = c.cli(i, &["info", "memory"]);
+        let used: u64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory");
+        let limit = (used + (1 << 20)).to_string();
+        c.cli(i, &["config", "set", "maxmemory", &limit]);
+        c.cli(i, &["config", "set", "maxmemory-policy", "allkeys-lru"]);
+    }
+    let t = tier(&c.url(), "evict");
+    // 400 blocks x 16 KiB: about 3x what the cluster may hold.
+    let mut ok = Vec::new();
+    for chunk in (0..400u64).collect::<Vec<_>>().chunks(20) {
+        for (n, r) in chunk.iter().zip(write(&t, chunk.iter().copied())) {
+            if r.is_ok() {
+                ok.push(*n);
+            }
+        }
+    }
+    assert!(!ok.is_empty());
+    let (mut hits, mut misses) = (0, 0);
+    for &n in &ok {
+        match read_checked(&t, n).unwrap() {
+            Some(()) => hits += 1,
+            None => misses += 1,
+        }
+    }
+    let mem = c.cli(0, &["info", "memory"]);
+    assert!(
+        misses > 0,
+        "the servers evicted nothing ({hits} hits of {} written): {mem}",
+        ok.len()
+    );
+    assert!(hits > 0, "nothing survived");
+}
+
+#[test]
+fn a_master_killed_mid_dump_fails_writes_and_misses_reads_but_never_serves_wrong_bytes() {
+    let Some(mut c) = Cluster::start(3) else {
+        return;
+    };
+    let t = std::sync::Arc::new(tier(&c.url(), "kill"));
+    let writer = {
+        let t = std::sync::Arc::clone(&t);
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (Vec::new(), 0);
+            let mut slowest = Duration::ZERO;
+            for round in 0..60u64 {
+                let ns: Vec<u64> = (round * 8..round * 8 + 8).collect();
+                let started = Instant::now();
+                let r = write(&t, ns.iter().copied());
+                slowest = slowest.max(started.elapsed());
+                for (n, r) in ns.iter().zip(r) {
+                    match r {
+                        Ok(()) => ok.push(*n),
+                        Err(StoreError::Remote { .. }) => failed += 1,
+                        Err(e) => panic!("unexpected error {e}"),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (ok, failed, slowest)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill(1);
+    let (ok, failed, slowest) = writer.join().unwrap();
+    assert!(failed > 0, "no write failed after a master died");
+    assert!(!ok.is_empty());
+    // Each call ends within a few timeouts (connect + response, a retry).
+    assert!(slowest < Duration::from_secs(8), "a write took {slowest:?}");
+    let (mut hits, mut lost) = (0, 0);
+    for &n in &ok {
+        match read_checked(&t, n) {
+            Ok(Some(())) => hits += 1,
+            Ok(None) | Err(StoreError::Remote { .. }) => lost += 1,
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert!(hits > 0, "the surviving masters serve their blocks");
+    assert!(lost > 0, "the dead master's blocks are misses");
+    let started = Instant::now();
+    let seen = t.lookup(&ok.iter().map(|&n| id(n)).collect::<Vec<_>>());
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert_eq!(seen.len(), ok.len());
+}
+
+#[test]
+fn a_cluster_that_is_down_misses_and_fails_within_the_timeout() {
+    // Nothing listens there (a port of a closed listener).
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cfg =
+        RemoteConfig::from_url(&format!("redis://127.0.0.1:{port}"), "down", GEO).unwrap();
+    cfg.timeout = Duration::from_millis(300);
+    let t = RemoteTier::new(cfg).unwrap();
+    let started = Instant::now();
+    assert_eq!(t.lookup(&[id(1), id(2)]), vec![false, false]);
+    let w = write(&t, [1]);
+    assert!(matches!(w[0], Err(StoreError::Remote { .. })), "{:?}", w[0]);
+    assert!(matches!(
+        read_checked(&t, 1),
+        Err(StoreError::Remote { .. })
+    ));
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(t.stats().errors.load(std::sync::atomic::Ordering::Relaxed) >= 3);
+}
+
+#[test]
+fn bad_urls_namespaces_and_blocks_are_refused() {
+    for url in [
+        "http://h:1",
+        "redis://",
+        "redis://host",
+        "redis://h:0",
+        "redis://h:99999",
+        "redis://a:1,",
+    ] {
+        assert!(
+            matches!(
+                RemoteConfig::from_url(url, "ns", GEO),
+                Err(StoreError::Config(_))
+            ),
+            "{url}"
+        );
+    }
+    for ns in ["", "a{b}", "a b", &"x".repeat(65)] {
+        assert!(
+            RemoteConfig::from_url("redis://h:1", ns, GEO).is_err(),
+            "{ns:?}"
+        );
+    }
+    let c = RemoteConfig::from_url("redis://a:1,valkey://b:2, c:3", "ns", GEO).unwrap();
+    assert_eq!(c.nodes, ["redis://a:1", "redis://b:2", "redis://c:3"]);
+    // A block of the wrong shape is refused before anything is sent.
+    let t = RemoteTier::new(c).unwrap();
+    let short = [0u8; 10];
+    let r = t.write_blocks(&[(id(1), vec![&short[..]])]);
+    assert!(matches!(r[0].1, Err(StoreError::Config(_))));
+}
