@@ -30,6 +30,7 @@ use crate::error::{Result, StoreError};
 use crate::failure::{Failure, FailureKind};
 use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
+use crate::remote::RemoteTier;
 
 /// Blocks per disk batch: bounds the files open at once.
 const IO_BATCH_BLOCKS: usize = 64;
@@ -238,6 +239,8 @@ pub struct BlockStoreStats {
     pub pool_hits: AtomicU64,
     /// Shards read from disk.
     pub disk_reads: AtomicU64,
+    /// Shards read from the remote tier.
+    pub remote_reads: AtomicU64,
     /// Load items that missed.
     pub misses: AtomicU64,
     /// Items that failed.
@@ -370,6 +373,8 @@ struct Inner<D: Device> {
     pool_mem: Memory,
     pool: ClockPool,
     disk: DiskTier,
+    /// A shared tier below the disk (a Redis or Valkey cluster), if any.
+    remote: Option<RemoteTier>,
     geo: Geometry,
     cfg: BlockStoreConfig,
     stats: BlockStoreStats,
@@ -392,7 +397,32 @@ impl<D: Device> TieredBlockStore<D> {
         disk: DiskTier,
         cfg: BlockStoreConfig,
     ) -> Result<Self> {
+        Self::with_remote(dev, pool, disk, None, cfg)
+    }
+
+    /// As [`TieredBlockStore::new`], with a remote tier below the disk
+    /// tier, shared with other instances: every block written to disk is
+    /// also written there (a failure there is counted in the remote tier's
+    /// stats and leaves the block durable on disk); a block neither the
+    /// pool nor the disk holds is looked up there (one pipelined lookup for
+    /// a call's misses) and read from there into the pool.
+    pub fn with_remote(
+        dev: Arc<D>,
+        pool: ClockPool,
+        disk: DiskTier,
+        remote: Option<RemoteTier>,
+        cfg: BlockStoreConfig,
+    ) -> Result<Self> {
         let geo = disk.geometry();
+        if let Some(r) = &remote {
+            if r.geometry() != geo {
+                return Err(StoreError::Config(format!(
+                    "the remote tier's geometry ({}) is not the disk tier's ({})",
+                    r.geometry().describe(),
+                    geo.describe()
+                )));
+            }
+        }
         if pool.slot_bytes() != geo.shard_bytes {
             return Err(StoreError::Config(format!(
                 "pool slots of {} bytes do not hold shards of {} bytes",
@@ -412,6 +442,7 @@ impl<D: Device> TieredBlockStore<D> {
             pool_mem,
             pool,
             disk,
+            remote,
             geo,
             cfg: cfg.clone(),
             stats: BlockStoreStats::default(),
@@ -468,7 +499,18 @@ impl<D: Device> TieredBlockStore<D> {
     /// Whether one shard of `block` is held by a tier: in the pool, or on
     /// disk as part of its whole block file. Presence only (no read).
     pub fn holds(&self, block: &BlockId, shard: u32) -> bool {
-        self.inner.pool.contains(&(*block, shard)) || self.inner.disk.exists(block)
+        self.inner.pool.contains(&(*block, shard))
+            || self.inner.disk.exists(block)
+            || self
+                .inner
+                .remote
+                .as_ref()
+                .is_some_and(|r| r.lookup(&[*block])[0])
+    }
+
+    /// The remote tier, if any.
+    pub fn remote(&self) -> Option<&RemoteTier> {
+        self.inner.remote.as_ref()
     }
 
     /// The memory tier.
@@ -639,11 +681,26 @@ impl<D: Device> Drop for TieredBlockStore<D> {
 
 impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
-        ids.iter().map(|id| self.inner.present(id)).collect()
+        let mut found: Vec<bool> = ids.iter().map(|id| self.inner.present(id)).collect();
+        if let Some(r) = &self.inner.remote {
+            // The local misses, in one pipelined lookup.
+            let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
+            if !missing.is_empty() {
+                let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
+                for (i, there) in missing.into_iter().zip(r.lookup(&asked)) {
+                    found[i] = there;
+                }
+            }
+        }
+        found
     }
 
     fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize {
-        ids.iter().take_while(|id| self.inner.present(id)).count()
+        let local = ids.iter().take_while(|id| self.inner.present(id)).count();
+        match &self.inner.remote {
+            Some(r) if local < ids.len() => local + r.lookup_on_prefix(&ids[local..]),
+            _ => local,
+        }
     }
 
     fn load(&self, items: Vec<TaskItem>) -> Result<TaskHandle> {
@@ -720,7 +777,7 @@ impl<D: Device> Inner<D> {
             reads.extend(self.disk.read_many_in(session, reqs));
         }
         let mut out = Vec::with_capacity(loads.len());
-        for ((i, _, mut g), read) in loads.into_iter().zip(reads) {
+        for ((i, block, mut g), read) in loads.into_iter().zip(reads) {
             let f = match read {
                 Ok(Some(bufs)) => {
                     self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
@@ -730,11 +787,30 @@ impl<D: Device> Inner<D> {
                     }
                     Filled::Slot(g.complete())
                 }
-                Ok(None) => {
-                    g.fail(libc::ENOENT);
-                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                    Filled::Miss
-                }
+                Ok(None) => match self
+                    .remote
+                    .as_ref()
+                    .map(|r| r.read_shards(&block, &[shard]))
+                {
+                    Some(Ok(Some(mut v))) if v.len() == 1 => {
+                        self.stats.remote_reads.fetch_add(1, Ordering::Relaxed);
+                        g.data_mut().copy_from_slice(&v.remove(0));
+                        Filled::Slot(g.complete())
+                    }
+                    Some(Err(e)) => {
+                        // The remote tier could not answer: a miss for the
+                        // engine (it recomputes), counted by the tier.
+                        log::debug!("remote read: {e}");
+                        g.fail(libc::ENOENT);
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                        Filled::Miss
+                    }
+                    _ => {
+                        g.fail(libc::ENOENT);
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                        Filled::Miss
+                    }
+                },
                 Err(e) => {
                     g.fail(libc::EIO);
                     Filled::Failed(e)
@@ -1011,6 +1087,12 @@ impl<D: Device> Inner<D> {
                 match outcomes.get(&b) {
                     Some(Ok(())) => {
                         self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
+                        if let Some(r) = &self.remote {
+                            let shards: Vec<&[u8]> = pins.iter().map(SlotRef::data).collect();
+                            if let Some((_, Err(e))) = r.write_blocks(&[(b, shards)]).pop() {
+                                log::debug!("remote write: {e}");
+                            }
+                        }
                         pins.iter().for_each(|r| r.set_dirty(false));
                         result.insert(b, Durability::Durable);
                     }

@@ -296,3 +296,143 @@ fn bad_urls_namespaces_and_blocks_are_refused() {
     let r = t.write_blocks(&[(id(1), vec![&short[..]])]);
     assert!(matches!(r[0].1, Err(StoreError::Config(_))));
 }
+
+mod store {
+    //! The remote tier below a TieredBlockStore's disk tier: instances with
+    //! their own pools and disks share blocks through the cluster.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{id, shard, Cluster, GEO};
+    use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
+    use ucm_store::pool::PoolMode;
+    use ucm_store::{
+        BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, ItemOutcome, PoolConfig,
+        RemoteConfig, RemoteTier, TaskItem, TieredBlockStore,
+    };
+
+    fn instance(
+        dev: &Arc<HostDevice>,
+        dir: &std::path::Path,
+        url: &str,
+    ) -> TieredBlockStore<HostDevice> {
+        let pool = ClockPool::open(PoolConfig {
+            shard_bytes: GEO.shard_bytes,
+            slots: 64,
+            ways: 16,
+            mode: PoolMode::Private,
+            load_timeout: Duration::from_secs(1),
+            dirty_timeout: Duration::from_secs(60),
+        })
+        .unwrap();
+        let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+        let disk = DiskTier::open(DiskConfig::new(dir, GEO, 1 << 16), engine).unwrap();
+        let mut rc = RemoteConfig::from_url(url, "store", GEO).unwrap();
+        rc.timeout = Duration::from_millis(800);
+        let remote = RemoteTier::new(rc).unwrap();
+        TieredBlockStore::with_remote(
+            Arc::clone(dev),
+            pool,
+            disk,
+            Some(remote),
+            BlockStoreConfig::default(),
+        )
+        .unwrap()
+    }
+
+    fn device_copy(dev: &HostDevice, from: &Memory, to: &Memory, len: usize) {
+        let s = dev.create_stream().unwrap();
+        dev.copy_async(&s, &CopyRun::new(to, 0, from, 0, len))
+            .unwrap();
+        dev.synchronize_stream(&s).unwrap();
+    }
+
+    fn items(n: u64, mem: &Memory) -> Vec<TaskItem> {
+        (0..GEO.shards_per_block)
+            .map(|s| TaskItem {
+                block: id(n),
+                shard: s,
+                memory: mem.clone(),
+                offset: s as usize * GEO.shard_bytes,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_instance_loads_what_another_dumped_through_the_cluster() {
+        let Some(mut c) = Cluster::start(3) else {
+            return;
+        };
+        let dev = Arc::new(HostDevice::new());
+        let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let a = instance(&dev, da.path(), &c.url());
+        let b = instance(&dev, db.path(), &c.url());
+        let len = GEO.shard_bytes * GEO.shards_per_block as usize;
+        for n in 0..8 {
+            let h = dev.alloc_pinned(len).unwrap();
+            for s in 0..GEO.shards_per_block {
+                h.write_host(s as usize * GEO.shard_bytes, &shard(n, s))
+                    .unwrap();
+            }
+            let d = dev.alloc_device(len).unwrap();
+            device_copy(&dev, &h, &d, len);
+            let t = a.dump(items(n, &d), None).unwrap();
+            assert!(t.wait().iter().all(|(_, _, o)| *o == ItemOutcome::Ok));
+            t.wait_durable();
+        }
+        let ids: Vec<_> = (0..10).map(id).collect();
+        // B's pool and disk are empty: the remote tier answers.
+        assert_eq!(b.lookup(&ids), [vec![true; 8], vec![false; 2]].concat());
+        assert_eq!(b.lookup_on_prefix(&ids), 8);
+        let dst = dev.alloc_device(len).unwrap();
+        let back = dev.alloc_pinned(len).unwrap();
+        for n in 0..8 {
+            let outs = b.load(items(n, &dst)).unwrap().wait();
+            assert!(
+                outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok),
+                "{outs:?}"
+            );
+            device_copy(&dev, &dst, &back, len);
+            let mut got = vec![0u8; len];
+            back.read_host(0, &mut got).unwrap();
+            for s in 0..GEO.shards_per_block {
+                let at = s as usize * GEO.shard_bytes;
+                assert!(
+                    got[at..at + GEO.shard_bytes] == shard(n, s)[..],
+                    "WRONG: {n}/{s}"
+                );
+            }
+        }
+        assert!(
+            b.stats()
+                .remote_reads
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 8 * 4
+        );
+        // Block 9 was never dumped: a miss.
+        let outs = b.load(items(9, &dst)).unwrap().wait();
+        assert!(outs.iter().all(|(_, _, o)| *o == ItemOutcome::Miss));
+        // The cluster gone: a third instance misses (within the timeout),
+        // and A still serves from its own tiers.
+        for i in 0..3 {
+            c.kill(i);
+        }
+        let dc = tempfile::tempdir().unwrap();
+        let cstore = instance(&dev, dc.path(), &c.url());
+        let started = std::time::Instant::now();
+        assert_eq!(cstore.lookup(&ids[..2]), vec![false, false]);
+        let outs = cstore.load(items(0, &dst)).unwrap().wait();
+        assert!(
+            outs.iter().all(|(_, _, o)| *o == ItemOutcome::Miss),
+            "{outs:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        let outs = a.load(items(0, &dst)).unwrap().wait();
+        assert!(outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok));
+    }
+}
