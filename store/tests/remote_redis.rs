@@ -6,6 +6,7 @@
 //! and fails within the timeout. Skips without `redis-server` unless
 //! `UCM_REQUIRE_REDIS=1`.
 
+mod common;
 mod redis_cluster;
 
 use std::time::{Duration, Instant};
@@ -304,12 +305,12 @@ mod store {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{id, shard, Cluster, GEO};
-    use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
+    use super::{common, id, shard, Cluster, GEO};
+    use ucm_device::{Device, HostDevice, IoEngineConfig, IoEngineKind};
     use ucm_store::pool::PoolMode;
     use ucm_store::{
         BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, ItemOutcome, PoolConfig,
-        RemoteConfig, RemoteTier, TaskItem, TieredBlockStore,
+        RemoteConfig, RemoteTier, TieredBlockStore,
     };
 
     fn instance(
@@ -341,24 +342,6 @@ mod store {
         .unwrap()
     }
 
-    fn device_copy(dev: &HostDevice, from: &Memory, to: &Memory, len: usize) {
-        let s = dev.create_stream().unwrap();
-        dev.copy_async(&s, &CopyRun::new(to, 0, from, 0, len))
-            .unwrap();
-        dev.synchronize_stream(&s).unwrap();
-    }
-
-    fn items(n: u64, mem: &Memory) -> Vec<TaskItem> {
-        (0..GEO.shards_per_block)
-            .map(|s| TaskItem {
-                block: id(n),
-                shard: s,
-                memory: mem.clone(),
-                offset: s as usize * GEO.shard_bytes,
-            })
-            .collect()
-    }
-
     #[test]
     fn an_instance_loads_what_another_dumped_through_the_cluster() {
         let Some(mut c) = Cluster::start(3) else {
@@ -370,14 +353,8 @@ mod store {
         let b = instance(&dev, db.path(), &c.url());
         let len = GEO.shard_bytes * GEO.shards_per_block as usize;
         for n in 0..8 {
-            let h = dev.alloc_pinned(len).unwrap();
-            for s in 0..GEO.shards_per_block {
-                h.write_host(s as usize * GEO.shard_bytes, &shard(n, s))
-                    .unwrap();
-            }
-            let d = dev.alloc_device(len).unwrap();
-            device_copy(&dev, &h, &d, len);
-            let t = a.dump(items(n, &d), None).unwrap();
+            let d = common::device_block(&dev, GEO, |s| shard(n, s));
+            let t = a.dump(common::items(id(n), GEO, &d), None).unwrap();
             assert!(t.wait().iter().all(|(_, _, o)| *o == ItemOutcome::Ok));
             t.wait_durable();
         }
@@ -386,16 +363,13 @@ mod store {
         assert_eq!(b.lookup(&ids), [vec![true; 8], vec![false; 2]].concat());
         assert_eq!(b.lookup_on_prefix(&ids), 8);
         let dst = dev.alloc_device(len).unwrap();
-        let back = dev.alloc_pinned(len).unwrap();
         for n in 0..8 {
-            let outs = b.load(items(n, &dst)).unwrap().wait();
+            let outs = b.load(common::items(id(n), GEO, &dst)).unwrap().wait();
             assert!(
                 outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok),
                 "{outs:?}"
             );
-            device_copy(&dev, &dst, &back, len);
-            let mut got = vec![0u8; len];
-            back.read_host(0, &mut got).unwrap();
+            let got = common::read_device(&dev, &dst, len);
             for s in 0..GEO.shards_per_block {
                 let at = s as usize * GEO.shard_bytes;
                 assert!(
@@ -411,7 +385,7 @@ mod store {
                 >= 8 * 4
         );
         // Block 9 was never dumped: a miss.
-        let outs = b.load(items(9, &dst)).unwrap().wait();
+        let outs = b.load(common::items(id(9), GEO, &dst)).unwrap().wait();
         assert!(outs.iter().all(|(_, _, o)| *o == ItemOutcome::Miss));
         // The cluster gone: a third instance misses (within the timeout),
         // and A still serves from its own tiers.
@@ -422,7 +396,7 @@ mod store {
         let cstore = instance(&dev, dc.path(), &c.url());
         let started = std::time::Instant::now();
         assert_eq!(cstore.lookup(&ids[..2]), vec![false, false]);
-        let outs = cstore.load(items(0, &dst)).unwrap().wait();
+        let outs = cstore.load(common::items(id(0), GEO, &dst)).unwrap().wait();
         assert!(
             outs.iter().all(|(_, _, o)| *o == ItemOutcome::Miss),
             "{outs:?}"
@@ -432,7 +406,7 @@ mod store {
             "{:?}",
             started.elapsed()
         );
-        let outs = a.load(items(0, &dst)).unwrap().wait();
+        let outs = a.load(common::items(id(0), GEO, &dst)).unwrap().wait();
         assert!(outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok));
     }
 }

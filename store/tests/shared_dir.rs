@@ -6,11 +6,13 @@
 //! Block contents are a pure function of the block id, so every load is
 //! checked byte for byte: a wrong byte is a wrong hit and fails the test.
 
+mod common;
+
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use ucm_device::conformance::pattern;
-use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
+use ucm_device::{Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
 use ucm_store::pool::PoolMode;
 use ucm_store::{
     BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, ItemOutcome,
@@ -201,32 +203,13 @@ fn instance(
 }
 
 fn device_block(dev: &HostDevice, n: u64) -> Memory {
-    let len = GEO.shard_bytes * GEO.shards_per_block as usize;
-    let h = dev.alloc_pinned(len).unwrap();
-    for s in 0..GEO.shards_per_block as usize {
-        h.write_host(
-            s * GEO.shard_bytes,
-            &pattern(n * 10 + s as u64, GEO.shard_bytes),
-        )
-        .unwrap();
-    }
-    let d = dev.alloc_device(len).unwrap();
-    let st = dev.create_stream().unwrap();
-    dev.copy_async(&st, &CopyRun::new(&d, 0, &h, 0, len))
-        .unwrap();
-    dev.synchronize_stream(&st).unwrap();
-    d
+    common::device_block(dev, GEO, |s| {
+        pattern(n * 10 + u64::from(s), GEO.shard_bytes)
+    })
 }
 
 fn items(n: u64, mem: &Memory) -> Vec<TaskItem> {
-    (0..GEO.shards_per_block)
-        .map(|s| TaskItem {
-            block: id(n),
-            shard: s,
-            memory: mem.clone(),
-            offset: s as usize * GEO.shard_bytes,
-        })
-        .collect()
+    common::items(id(n), GEO, mem)
 }
 
 /// Child of the multi-instance test (run with `--ignored`): dumps its own
@@ -270,13 +253,7 @@ fn shared_dir_child() {
                 "instance {me}: block {n}: {outs:?}"
             );
             // Device memory of the host device: read it back via a copy.
-            let mut got = vec![0u8; GEO.shard_bytes * 2];
-            let back = dev.alloc_pinned(GEO.shard_bytes * 2).unwrap();
-            let s = dev.create_stream().unwrap();
-            dev.copy_async(&s, &CopyRun::new(&back, 0, &dst, 0, GEO.shard_bytes * 2))
-                .unwrap();
-            dev.synchronize_stream(&s).unwrap();
-            back.read_host(0, &mut got).unwrap();
+            let got = common::read_device(&dev, &dst, GEO.shard_bytes * 2);
             for (_, sh, o) in &outs {
                 if *o != ItemOutcome::Ok {
                     continue;
