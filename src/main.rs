@@ -182,6 +182,9 @@ enum BenchCmd {
     Hash(HashArgs),
     /// How much load I/O the adapter hides behind simulated per-unit compute.
     Layerwise(LayerwiseArgs),
+    /// The remote tier on a Redis or Valkey cluster against a raw
+    /// pipelined client loop: put / get GiB/s and lookups of many ids.
+    Remote(RemoteArgs),
 }
 
 #[derive(Args)]
@@ -229,6 +232,31 @@ struct HashArgs {
     /// Rounds (the best of each side counts).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+}
+
+#[derive(Args)]
+struct RemoteArgs {
+    /// The cluster: `redis://host:port[,host:port...]`.
+    #[arg(long)]
+    remote: String,
+    /// Print one JSON record per case (JSON lines) on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Value sizes.
+    #[arg(long, value_delimiter = ',', default_value = "64K,2M", value_parser = parse_size)]
+    values: Vec<u64>,
+    /// Value bytes per round per size.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    total: u64,
+    /// Values per call.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Rounds (median and min-max reported).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Ids of the lookup case.
+    #[arg(long, default_value_t = 10_000)]
+    lookup_ids: usize,
 }
 
 #[derive(Args)]
@@ -390,6 +418,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             what: BenchCmd::Layerwise(args),
         } => bench_layerwise(args),
+        Cmd::Bench {
+            what: BenchCmd::Remote(args),
+        } => bench_remote(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -398,6 +429,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn bench_remote(a: RemoteArgs) -> Result<(), String> {
+    use ucm::bench::remote;
+    let values = a
+        .values
+        .iter()
+        .map(|&v| usize::try_from(v).map_err(|_| format!("--values: {v} is too large")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if values.iter().any(|&v| v == 0 || v > 512 << 20) {
+        return Err("--values: each size must be 1 byte to 512 MiB (Redis's value limit)".into());
+    }
+    let cfg = remote::RemoteBenchConfig {
+        url: a.remote,
+        value_sizes: values,
+        total_bytes: a.total,
+        batch: a.batch,
+        rounds: a.rounds,
+        lookup_ids: a.lookup_ids,
+    };
+    let recs = remote::run(&cfg, |l| eprintln!("ucm bench: {l}")).map_err(|e| e.to_string())?;
+    if a.json {
+        for r in &recs {
+            println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
+        }
+    } else {
+        print!("{}", remote::render(&recs));
+    }
+    Ok(())
 }
 
 fn replay(a: ReplayArgs) -> Result<(), String> {

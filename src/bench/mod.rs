@@ -5,6 +5,7 @@ pub mod device;
 pub mod hash;
 pub mod io;
 pub mod layerwise;
+pub mod remote;
 pub mod store;
 
 /// The median of `v` (0 for an empty slice).

@@ -30,7 +30,7 @@ use crate::error::{Result, StoreError};
 use crate::failure::{Failure, FailureKind};
 use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
-use crate::remote::RemoteTier;
+use crate::remote::{RemoteRead, RemoteTier};
 
 /// Blocks per disk batch: bounds the files open at once.
 const IO_BATCH_BLOCKS: usize = 64;
@@ -776,8 +776,24 @@ impl<D: Device> Inner<D> {
                 .collect();
             reads.extend(self.disk.read_many_in(session, reqs));
         }
+        // The disk's misses, from the remote tier in one pipeline.
+        let mut remote: Vec<Option<RemoteRead>> = Vec::new();
+        if let Some(r) = &self.remote {
+            let asked: Vec<(BlockId, Vec<u32>)> = loads
+                .iter()
+                .zip(&reads)
+                .filter(|(_, read)| matches!(read, Ok(None)))
+                .map(|((_, block, _), _)| (*block, vec![shard]))
+                .collect();
+            let mut got = r.read_many(&asked).into_iter();
+            remote = reads
+                .iter()
+                .map(|read| matches!(read, Ok(None)).then(|| got.next()).flatten())
+                .collect();
+        }
+        remote.resize_with(loads.len(), || None);
         let mut out = Vec::with_capacity(loads.len());
-        for ((i, block, mut g), read) in loads.into_iter().zip(reads) {
+        for (((i, _, mut g), read), from_remote) in loads.into_iter().zip(reads).zip(remote) {
             let f = match read {
                 Ok(Some(bufs)) => {
                     self.stats.disk_reads.fetch_add(1, Ordering::Relaxed);
@@ -787,25 +803,18 @@ impl<D: Device> Inner<D> {
                     }
                     Filled::Slot(g.complete())
                 }
-                Ok(None) => match self
-                    .remote
-                    .as_ref()
-                    .map(|r| r.read_shards(&block, &[shard]))
-                {
+                Ok(None) => match from_remote {
                     Some(Ok(Some(mut v))) if v.len() == 1 => {
                         self.stats.remote_reads.fetch_add(1, Ordering::Relaxed);
                         g.data_mut().copy_from_slice(&v.remove(0));
                         Filled::Slot(g.complete())
                     }
-                    Some(Err(e)) => {
-                        // The remote tier could not answer: a miss for the
-                        // engine (it recomputes), counted by the tier.
-                        log::debug!("remote read: {e}");
-                        g.fail(libc::ENOENT);
-                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                        Filled::Miss
-                    }
-                    _ => {
+                    other => {
+                        if let Some(Err(e)) = other {
+                            // The remote tier could not answer: a miss for
+                            // the engine (it recomputes), counted there.
+                            log::debug!("remote read: {e}");
+                        }
                         g.fail(libc::ENOENT);
                         self.stats.misses.fetch_add(1, Ordering::Relaxed);
                         Filled::Miss

@@ -140,6 +140,10 @@ pub struct RemoteStats {
     pub errors: AtomicU64,
 }
 
+/// What reading one block gave: its shards, `None` for a miss (absent or
+/// damaged), or the cluster's failure.
+pub type RemoteRead = Result<Option<Vec<Vec<u8>>>>;
+
 /// A block store on a Redis or Valkey cluster.
 pub struct RemoteTier {
     cfg: RemoteConfig,
@@ -158,8 +162,13 @@ impl std::fmt::Debug for RemoteTier {
     }
 }
 
-fn hex(id: &BlockId) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
+/// Appends the lowercase hex of `id` to `out`.
+fn push_hex(out: &mut String, id: &BlockId) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in id {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
 }
 
 impl RemoteTier {
@@ -202,7 +211,13 @@ impl RemoteTier {
     }
 
     fn key(&self, id: &BlockId, part: &str) -> String {
-        format!("{}:{{{}}}:{part}", self.prefix, hex(id))
+        let mut k = String::with_capacity(self.prefix.len() + 36 + part.len());
+        k.push_str(&self.prefix);
+        k.push_str(":{");
+        push_hex(&mut k, id);
+        k.push_str("}:");
+        k.push_str(part);
+        k
     }
 
     /// Runs `f` on the connection (made first if needed); a failure drops
@@ -326,40 +341,91 @@ impl RemoteTier {
     /// `Ok(None)`: not published, or damaged (a missing or wrong shard: its
     /// keys are deleted); `Err`: the cluster failed.
     pub fn read_shards(&self, id: &BlockId, shards: &[u32]) -> Result<Option<Vec<Vec<u8>>>> {
+        self.read_many(&[(*id, shards.to_vec())])
+            .pop()
+            .unwrap_or(Ok(None))
+    }
+
+    /// [`RemoteTier::read_shards`] of many blocks in one pipeline (a round
+    /// trip per master). A cluster failure fails every block of the call.
+    pub fn read_many(&self, reqs: &[(BlockId, Vec<u32>)]) -> Vec<RemoteRead> {
         let g = self.cfg.geometry;
-        for &s in shards {
-            g.check_shard(s)?;
-        }
+        let mut out: Vec<Option<RemoteRead>> = Vec::with_capacity(reqs.len());
         let mut p = cluster_pipe();
-        p.cmd("GET").arg(self.key(id, "pub"));
-        for s in shards {
-            p.cmd("GET").arg(self.key(id, &s.to_string()));
+        for (id, shards) in reqs {
+            if let Some(e) = shards.iter().find_map(|&s| g.check_shard(s).err()) {
+                out.push(Some(Err(e)));
+                continue;
+            }
+            p.cmd("GET").arg(self.key(id, "pub"));
+            for s in shards {
+                p.cmd("GET").arg(self.key(id, &s.to_string()));
+            }
+            out.push(None);
         }
-        let got: Vec<Option<Vec<u8>>> = self.with_conn("read", |c| p.query(c))?;
-        let Some((head, values)) = got.split_first() else {
-            return Ok(None);
-        };
-        let Some(head) = head else {
-            return Ok(None);
-        };
-        let crcs = header::parse_header(g, id, head);
-        let whole = crcs.as_ref().is_some_and(|crcs| {
-            values.len() == shards.len()
-                && values.iter().zip(shards).all(|(v, &s)| {
-                    v.as_ref().is_some_and(|v| {
-                        v.len() == g.shard_bytes && crc32c::crc32c(v) == crcs[s as usize]
+        if out.iter().all(Option::is_some) {
+            return out.into_iter().flatten().collect();
+        }
+        let got: Vec<Option<Vec<u8>>> = match self.with_conn("read", |c| p.query(c)) {
+            Ok(v) => v,
+            Err(e) => {
+                return out
+                    .into_iter()
+                    .map(|o| match o {
+                        Some(r) => r,
+                        None => Err(match &e {
+                            StoreError::Remote { op, source } => StoreError::Remote {
+                                op,
+                                source: source.clone(),
+                            },
+                            other => StoreError::Config(other.to_string()),
+                        }),
                     })
-                })
-        });
-        if !whole {
-            self.stats.damaged.fetch_add(1, Ordering::Relaxed);
-            // Best effort: a failed delete leaves a block that reads as a
+                    .collect();
+            }
+        };
+        let mut values = got.into_iter();
+        let mut damaged = Vec::new();
+        let mut read = 0u64;
+        let result = reqs
+            .iter()
+            .zip(out)
+            .map(|((id, shards), o)| {
+                if let Some(r) = o {
+                    return r;
+                }
+                let head = values.next().flatten();
+                let vals: Vec<Option<Vec<u8>>> = values.by_ref().take(shards.len()).collect();
+                let Some(head) = head else {
+                    return Ok(None);
+                };
+                let crcs = header::parse_header(g, id, &head);
+                let whole = crcs.as_ref().is_some_and(|crcs| {
+                    vals.len() == shards.len()
+                        && vals.iter().zip(shards).all(|(v, &s)| {
+                            v.as_ref().is_some_and(|v| {
+                                v.len() == g.shard_bytes && crc32c::crc32c(v) == crcs[s as usize]
+                            })
+                        })
+                });
+                if !whole {
+                    damaged.push(*id);
+                    return Ok(None);
+                }
+                read += 1;
+                Ok(Some(vals.into_iter().flatten().collect()))
+            })
+            .collect();
+        self.stats.read.fetch_add(read, Ordering::Relaxed);
+        if !damaged.is_empty() {
+            self.stats
+                .damaged
+                .fetch_add(damaged.len() as u64, Ordering::Relaxed);
+            // Best effort: a failed delete leaves blocks that read as a
             // miss again.
-            let _ = self.delete(&[*id]);
-            return Ok(None);
+            let _ = self.delete(&damaged);
         }
-        self.stats.read.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(values.iter().flatten().cloned().collect()))
+        result
     }
 
     /// Deletes blocks (the header first, so none is ever half visible).
