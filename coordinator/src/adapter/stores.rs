@@ -12,7 +12,7 @@ use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{Device, IoEngine, IoEngineConfig, IoEngineKind};
 use ucm_store::{
     BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, PoolConfig, PoolMode,
-    TieredBlockStore, TieredSnapshotStore,
+    RemoteConfig, RemoteTier, TieredBlockStore, TieredSnapshotStore,
 };
 
 use super::units::UnitMap;
@@ -40,6 +40,10 @@ pub struct StoreSetConfig {
     pub workers: usize,
     /// I/O engine.
     pub engine: IoEngineKind,
+    /// A Redis or Valkey cluster below every group's disk tier
+    /// (`redis://host:port,...`), shared with other instances; each group
+    /// uses the namespace of its name.
+    pub remote: Option<String>,
 }
 
 impl Default for StoreSetConfig {
@@ -52,6 +56,7 @@ impl Default for StoreSetConfig {
             disk_blocks: 1 << 20,
             workers: 2,
             engine: IoEngineKind::Auto,
+            remote: None,
         }
     }
 }
@@ -90,6 +95,28 @@ pub struct GroupCounters {
     pub disk_evictions: u64,
     /// Shards that failed their checksum.
     pub corrupt_shards: u64,
+}
+
+/// A group's namespace on the remote tier: its name, characters outside
+/// `[A-Za-z0-9_.-]` as `_`, at most 64 (block ids already commit to the
+/// model and group, so the namespace only sorts keys).
+fn remote_namespace(group: &str) -> String {
+    let s: String = group
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if s.is_empty() {
+        "group".into()
+    } else {
+        s
+    }
 }
 
 /// The stores of one model on device `D`.
@@ -163,7 +190,15 @@ impl<D: Device> StoreSet<D> {
                 workers: cfg.workers.max(1),
                 ..BlockStoreConfig::default()
             };
-            let blocks = TieredBlockStore::new(Arc::clone(&dev), pool, disk, bcfg)?;
+            let remote = match &cfg.remote {
+                None => None,
+                Some(url) => Some(RemoteTier::new(RemoteConfig::from_url(
+                    url,
+                    &remote_namespace(&g.name),
+                    geo,
+                )?)?),
+            };
+            let blocks = TieredBlockStore::with_remote(Arc::clone(&dev), pool, disk, remote, bcfg)?;
             sizes.insert(g.index, shard);
             if g.kind == Kind::Snapshot {
                 snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));
