@@ -124,6 +124,11 @@ struct ReplayArgs {
     /// With `--trace`: `ucm` does not keep what its requests decode.
     #[arg(long)]
     no_decode_retention: bool,
+    /// A Redis or Valkey cluster below every store's disk tier
+    /// (`redis://host:port,...`), as instances on several machines would
+    /// share it (workload replays).
+    #[arg(long)]
+    remote: Option<String>,
     /// With `--trace` and `--limit`: also move the bytes (the engine
     /// harness with the content oracle, `ucm` mode, no engine cache) and
     /// check that every request is served what the capacity-only model
@@ -492,6 +497,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         chunk: 2048,
         modes,
         sabotage: a.sabotage,
+        remote: a.remote.clone(),
     };
     let progress = |l: &str| {
         let mut e = std::io::stderr();
@@ -652,6 +658,9 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     use ucm::replay::sim::{self, report, SimConfig, SimMode};
     use ucm::replay::trace;
     let file = a.trace.clone().unwrap_or_default();
+    if a.remote.is_some() {
+        return Err("--remote applies to workload replays, not to --trace".into());
+    }
     let caps = match (&a.sweep, &a.engine_capacity) {
         (Some(_), Some(_)) => return Err("give --sweep or --engine-capacity, not both".into()),
         (Some(s), None) => trace::parse_capacities(s).map_err(|e| format!("--sweep: {e}"))?,

@@ -114,6 +114,8 @@ pub struct ReplayConfig {
     /// Test only: a deliberate bug, so the oracle must fail the run
     /// (proves the checks can fail).
     pub sabotage: Option<SabotageKind>,
+    /// A Redis or Valkey cluster below the disk tiers (`redis://...`).
+    pub remote: Option<String>,
 }
 
 impl Default for ReplayConfig {
@@ -134,6 +136,7 @@ impl Default for ReplayConfig {
             chunk: 2048,
             modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
             sabotage: None,
+            remote: None,
         }
     }
 }
@@ -197,6 +200,7 @@ fn engine_config(
     e.stores = StoreSetConfig {
         pool_slots: 4096,
         ways: 64,
+        remote: cfg.remote.clone(),
         ..StoreSetConfig::default()
     };
     e.tp = cfg.tp;

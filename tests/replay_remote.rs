@@ -1,0 +1,58 @@
+//! `ucm replay --remote`: the workload replay with a 3-master Redis
+//! cluster below every store's disk tier (started on loopback by the
+//! test): no wrong hit, and the blocks reach the cluster. Skips without
+//! `redis-server` unless `UCM_REQUIRE_REDIS=1`.
+
+#[path = "../store/tests/redis_cluster/mod.rs"]
+mod redis_cluster;
+
+use std::process::Command;
+
+use redis_cluster::Cluster;
+
+#[test]
+fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
+    let Some(c) = Cluster::start(3) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "replay",
+            "--modes",
+            "ucm",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+        ])
+        .args(["--json", "--remote", &c.url(), "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &v["modes"]["ucm"];
+    assert_eq!(m["wrong_hits"], 0, "{m}");
+    assert!(m["cached_tokens"].as_u64().unwrap() > 0, "{m}");
+    let keys: u64 = (0..3)
+        .map(|i| c.cli(i, &["dbsize"]).trim().parse::<u64>().unwrap_or(0))
+        .sum();
+    assert!(keys > 100, "{keys} keys on the cluster");
+    // Not with a trace.
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "replay",
+            "--trace",
+            "../shared/data/mooncake/synthetic_trace.jsonl",
+        ])
+        .args(["--remote", &c.url()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--remote applies to workload replays"));
+}
