@@ -52,11 +52,36 @@ fn two_engines_with_their_own_disks_share_blocks_through_the_remote_tier() {
     let first = a.run(&Request::new("a", tokens.clone())).unwrap();
     assert_eq!(first.matched, 0);
     assert!(first.wrong.is_empty() && first.lost.is_empty());
+    let written: u64 = (0..2)
+        .filter_map(|g| a.stores().tier(g))
+        .filter_map(|t| t.remote())
+        .map(|r| r.stats().written.load(Relaxed))
+        .sum();
+    let errors: u64 = (0..2)
+        .filter_map(|g| a.stores().tier(g))
+        .filter_map(|t| t.remote())
+        .map(|r| r.stats().errors.load(Relaxed))
+        .sum();
+    // 9 blocks of each group.
+    assert_eq!(
+        (written, errors),
+        (18, 0),
+        "blocks written to the cluster, errors"
+    );
     drop(a);
     let mut b = engine(db.path(), &c.url());
     let second = b.run(&Request::new("b", tokens)).unwrap();
+    let b_errors: u64 = (0..2)
+        .filter_map(|g| b.stores().tier(g))
+        .filter_map(|t| t.remote())
+        .map(|r| r.stats().errors.load(Relaxed))
+        .sum();
     // 149 visible tokens: 9 blocks of 16.
-    assert_eq!((second.matched, second.served), (144, 144));
+    assert_eq!(
+        (second.matched, second.served),
+        (144, 144),
+        "{b_errors} remote errors in the second engine"
+    );
     assert!(second.wrong.is_empty(), "{:?}", second.wrong);
     // attn 2 layers x 9 + idx 9.
     assert_eq!(second.checked, 18 + 9);

@@ -220,12 +220,28 @@ impl RemoteTier {
         k
     }
 
-    /// Runs `f` on the connection (made first if needed); a failure drops
-    /// the connection so the next call makes a new one.
+    /// Runs `f` on the connection (made first if needed). A failure drops
+    /// the connection; one that is not a timeout (a connection reset by a
+    /// restarted server, a cluster that was re-sharded) is tried once more
+    /// on a new connection, so a stale connection costs no miss. Timeouts
+    /// are not retried: a slow cluster must not hold the caller longer.
     fn with_conn<T>(
         &self,
         op: &'static str,
-        f: impl FnOnce(&mut ClusterConnection) -> redis::RedisResult<T>,
+        mut f: impl FnMut(&mut ClusterConnection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        match self.try_conn(op, &mut f) {
+            Err(StoreError::Remote { source, .. }) if !source.is_timeout() => {
+                self.try_conn(op, &mut f)
+            }
+            r => r,
+        }
+    }
+
+    fn try_conn<T>(
+        &self,
+        op: &'static str,
+        f: &mut impl FnMut(&mut ClusterConnection) -> redis::RedisResult<T>,
     ) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {

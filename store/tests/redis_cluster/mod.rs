@@ -116,7 +116,7 @@ impl Cluster {
                 .unwrap();
             nodes.push((port, Some(child)));
         }
-        let mut c = Cluster {
+        let c = Cluster {
             _dir: tmp,
             dir,
             nodes,
@@ -148,7 +148,20 @@ impl Cluster {
             });
             assert!(ok, "the cluster did not become ready on port {p}");
         }
-        c.nodes.shrink_to_fit();
+        // Every master knows the whole slot map and serves a key of its
+        // own (a write and a read through redirections on each).
+        for (i, &(p, _)) in c.nodes.iter().enumerate() {
+            let ok = wait_until(Duration::from_secs(20), || {
+                let key = format!("ucm-ready-{i}");
+                cli(p, &["-c", "set", &key, "1"]).is_some_and(|o| o.trim() == "OK")
+                    && cli(p, &["-c", "get", &key]).is_some_and(|o| o.trim() == "1")
+                    && cli(p, &["cluster", "slots"]).is_some_and(|o| !o.trim().is_empty())
+            });
+            assert!(ok, "the cluster does not serve keys through port {p}");
+        }
+        for (i, &(p, _)) in c.nodes.iter().enumerate() {
+            cli(p, &["-c", "del", &format!("ucm-ready-{i}")]);
+        }
         Some(c)
     }
 
