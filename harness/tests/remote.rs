@@ -62,25 +62,38 @@ fn two_engines_with_their_own_disks_share_blocks_through_the_remote_tier() {
         .filter_map(|t| t.remote())
         .map(|r| r.stats().errors.load(Relaxed))
         .sum();
-    // 9 blocks of each group.
-    assert_eq!(
-        (written, errors),
-        (18, 0),
-        "blocks written to the cluster, errors"
+    // 9 blocks of each group (a block whose two layers' saves completed
+    // at once may be written twice).
+    assert!(
+        written >= 18 && errors == 0,
+        "{written} blocks written to the cluster, {errors} errors"
     );
     drop(a);
     let mut b = engine(db.path(), &c.url());
-    let second = b.run(&Request::new("b", tokens)).unwrap();
-    let b_errors: u64 = (0..2)
-        .filter_map(|g| b.stores().tier(g))
-        .filter_map(|t| t.remote())
-        .map(|r| r.stats().errors.load(Relaxed))
-        .sum();
+    let remote_errors = |e: &Engine| -> u64 {
+        (0..2)
+            .filter_map(|g| e.stores().tier(g))
+            .filter_map(|t| t.remote())
+            .map(|r| r.stats().errors.load(Relaxed))
+            .sum()
+    };
+    let mut second = b.run(&Request::new("b", tokens.clone())).unwrap();
+    assert!(second.wrong.is_empty(), "{:?}", second.wrong);
+    if second.matched == 0 && remote_errors(&b) > 0 {
+        // The cluster did not answer in time: a miss, as designed. The
+        // sharing itself is checked on the next request.
+        eprintln!(
+            "the cluster failed {} calls; asking again",
+            remote_errors(&b)
+        );
+        second = b.run(&Request::new("b2", tokens)).unwrap();
+    }
     // 149 visible tokens: 9 blocks of 16.
     assert_eq!(
         (second.matched, second.served),
         (144, 144),
-        "{b_errors} remote errors in the second engine"
+        "{} remote errors in the second engine",
+        remote_errors(&b)
     );
     assert!(second.wrong.is_empty(), "{:?}", second.wrong);
     // attn 2 layers x 9 + idx 9.
