@@ -19,7 +19,7 @@ pub mod resolve;
 pub mod retention;
 pub mod spec;
 
-pub use directory::CheckpointDirectory;
+pub use directory::{CheckpointDirectory, CheckpointSource};
 pub use error::{CoordError, Result};
 pub use hash::{Deployment, RequestHashes, RequestKeys};
 pub use resolve::{resolve_hit, Checkpoints, Presence, Resolution};

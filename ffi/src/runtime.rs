@@ -11,7 +11,7 @@
 //! the pool becomes visible once dumped).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use ucm_coordinator::adapter::{
@@ -20,7 +20,8 @@ use ucm_coordinator::adapter::{
 };
 use ucm_coordinator::hash::Id;
 use ucm_coordinator::{
-    CheckpointDirectory, CoordError, Deployment, Group, Presence, RequestKeys, SpecTable,
+    CheckpointDirectory, CheckpointSource, CoordError, Deployment, Group, Presence, RequestKeys,
+    SpecTable,
 };
 use ucm_device::{Device, HostDevice};
 
@@ -108,7 +109,7 @@ impl AnyStores {
         }
     }
 
-    fn presence(&self) -> &dyn Presence {
+    fn view(&self) -> &dyn StoreView {
         match self {
             AnyStores::Host(_, s) => s.as_ref(),
             #[cfg(feature = "cuda")]
@@ -167,13 +168,18 @@ impl Cache {
         }
         let units = Arc::new(UnitMap::new(&spec));
         let metrics = Arc::new(Metrics::new(&spec));
-        Ok(Arc::new(Cache {
+        // The directory asks this cache's stores for checkpoints it does not
+        // know (other instances sharing the tiers); a weak reference, so the
+        // cache and its directory do not keep each other alive.
+        Ok(Arc::new_cyclic(|me: &Weak<Cache>| Cache {
             spec: Arc::new(spec),
             dep: Deployment {
                 tp_size: opts.tp_size,
             },
             units,
-            directory: Arc::new(CheckpointDirectory::new()),
+            directory: Arc::new(CheckpointDirectory::with_source(Arc::new(CacheSource(
+                me.clone(),
+            )))),
             opts,
             stores: Mutex::new(Stores {
                 workers: None,
@@ -337,30 +343,57 @@ impl Cache {
     }
 }
 
+/// What the scheduler side asks of stores: presence and checkpoints.
+trait StoreView: Presence + CheckpointSource {}
+
+impl<T: Presence + CheckpointSource> StoreView for T {}
+
+impl Cache {
+    /// Runs `f` on the workers' stores, or on a host view of the same
+    /// directory while there are none; `miss` when neither opens.
+    fn with_view<R>(&self, miss: R, f: impl FnOnce(&dyn StoreView) -> R) -> R {
+        let mut st = lock(&self.stores);
+        if let Some(s) = &st.workers {
+            return f(s.view());
+        }
+        if st.view.is_none() {
+            match self.open_set(&Arc::new(HostDevice::new())) {
+                Ok(v) => st.view = Some(v),
+                Err(e) => {
+                    // A store that cannot open serves nothing: a miss.
+                    log::warn!("ucm: the scheduler's store view did not open: {e}");
+                    return miss;
+                }
+            }
+        }
+        match &st.view {
+            Some(v) => f(v.as_ref()),
+            None => miss,
+        }
+    }
+}
+
 /// The scheduler's presence: the workers' stores, or a host view of the
 /// same directory while there are none.
 struct CachePresence(Arc<Cache>);
 
 impl Presence for CachePresence {
     fn lookup(&self, group: &Group, ids: &[Id]) -> Vec<bool> {
-        let cache = &self.0;
-        let mut st = lock(&cache.stores);
-        if let Some(s) = &st.workers {
-            return s.presence().lookup(group, ids);
-        }
-        if st.view.is_none() {
-            match cache.open_set(&Arc::new(HostDevice::new())) {
-                Ok(v) => st.view = Some(v),
-                Err(e) => {
-                    // A store that cannot open serves nothing: a miss.
-                    log::warn!("ucm: the scheduler's store view did not open: {e}");
-                    return vec![false; ids.len()];
-                }
-            }
-        }
-        st.view
-            .as_ref()
-            .map_or_else(|| vec![false; ids.len()], |v| v.lookup(group, ids))
+        self.0
+            .with_view(vec![false; ids.len()], |v| v.lookup(group, ids))
+    }
+}
+
+/// The checkpoint directory's source: the same stores as the presence.
+struct CacheSource(Weak<Cache>);
+
+impl CheckpointSource for CacheSource {
+    fn exists(&self, group: &Group, position: u64, hash: &Id) -> bool {
+        self.0.upgrade().is_some_and(|c| {
+            c.with_view(false, |v| {
+                CheckpointSource::exists(v, group, position, hash)
+            })
+        })
     }
 }
 

@@ -332,7 +332,8 @@ impl Engine {
             Arc::clone(&dev),
             &cfg.stores,
         )?);
-        let directory = Arc::new(CheckpointDirectory::new());
+        // Checkpoints other instances store later are found in the stores.
+        let directory = Arc::new(CheckpointDirectory::with_source(Arc::clone(&stores) as _));
         stores.rebuild_directory(&spec, &directory);
         let mut sched = Scheduler::new(
             Arc::clone(&spec),

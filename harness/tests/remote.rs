@@ -14,8 +14,8 @@ use ucm_coordinator::adapter::StoreSetConfig;
 use ucm_coordinator::SpecTable;
 use ucm_harness::{Engine, EngineConfig, Request};
 
-/// Chain groups only: a hit needs no checkpoint (the checkpoint directory
-/// does not yet learn of states other instances stored remotely).
+/// Chain groups and a state: the second engine's checkpoint directory
+/// learns of the state from the remote snapshot store.
 const SPEC: &str = r#"
 model = "remote-test"
 [[group]]
@@ -30,6 +30,12 @@ kind = "sidecar"
 source = "attn"
 layers = "2"
 bytes_per_token = 256
+[[group]]
+name = "state"
+kind = "snapshot"
+grid = 16
+state_bytes = 4096
+layers = "3"
 "#;
 
 fn engine(dir: &std::path::Path, url: &str) -> Engine {
@@ -96,8 +102,9 @@ fn two_engines_with_their_own_disks_share_blocks_through_the_remote_tier() {
         remote_errors(&b)
     );
     assert!(second.wrong.is_empty(), "{:?}", second.wrong);
-    // attn 2 layers x 9 + idx 9.
-    assert_eq!(second.checked, 18 + 9);
+    // attn 2 layers x 9 + idx 9 + the state at 144, which only the
+    // cluster held (the second engine's disk and directory started empty).
+    assert_eq!(second.checked, 18 + 9 + 1);
     let remote_reads: u64 = (0..2)
         .filter_map(|g| b.stores().tier(g))
         .map(|t| t.stats().remote_reads.load(Relaxed))

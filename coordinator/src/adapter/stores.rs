@@ -308,6 +308,19 @@ impl<D: Device> StoreSet<D> {
     }
 }
 
+impl<D: Device> crate::CheckpointSource for StoreSet<D> {
+    fn exists(&self, group: &Group, position: u64, hash: &Id) -> bool {
+        use ucm_store::{SnapshotKey, SnapshotStore};
+        self.snap.get(&group.index).is_some_and(|s| {
+            s.exists(&SnapshotKey {
+                group: group.index as u32,
+                position,
+                hash: *hash,
+            })
+        })
+    }
+}
+
 impl<D: Device> Presence for StoreSet<D> {
     fn lookup(&self, group: &Group, ids: &[Id]) -> Vec<bool> {
         match self.chain.get(&group.index) {
