@@ -45,7 +45,7 @@ enum Cmd {
     },
     /// Replay a workload end to end on the host device (simulated engine,
     /// content oracle) in every mode, and report.
-    Replay(ReplayArgs),
+    Replay(Box<ReplayArgs>),
     /// What a public trace (Mooncake format) allows by itself: its size, the
     /// ideal prefix hit rate and a plain block-LRU's over a capacity sweep.
     Trace(TraceArgs),
@@ -129,6 +129,21 @@ struct ReplayArgs {
     /// share it (workload replays).
     #[arg(long)]
     remote: Option<String>,
+    /// Run N engine instances (processes with their own pools, schedulers
+    /// and checkpoint directories) over one shared configuration: one store
+    /// directory, or with `--remote` own disks and one cluster; `ucm` mode
+    /// (workload replays).
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// Internal: this process is instance K of a `--instances` run.
+    #[arg(long, hide = true, requires_all = ["instance_count", "instance_dir"])]
+    instance: Option<usize>,
+    /// Internal: the instances of the run.
+    #[arg(long, hide = true)]
+    instance_count: Option<usize>,
+    /// Internal: the run's shared directory.
+    #[arg(long, hide = true)]
+    instance_dir: Option<PathBuf>,
     /// With `--trace` and `--limit`: also move the bytes (the engine
     /// harness with the content oracle, `ucm` mode, no engine cache) and
     /// check that every request is served what the capacity-only model
@@ -407,7 +422,7 @@ fn main() -> ExitCode {
         Cmd::Info { json, dir } => info(json, dir),
         Cmd::Explain(args) => explain(args),
         Cmd::Trace(args) => trace(args),
-        Cmd::Replay(args) => replay(args),
+        Cmd::Replay(args) => replay(*args),
         Cmd::Bench {
             what: BenchCmd::Io(args),
         } => bench_io(args),
@@ -498,7 +513,17 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         modes,
         sabotage: a.sabotage,
         remote: a.remote.clone(),
+        instance: None,
     };
+    if let (Some(index), Some(count), Some(dir)) = (a.instance, a.instance_count, &a.instance_dir) {
+        return replay_instance(cfg, index, count, dir.clone());
+    }
+    if a.instances == 0 {
+        return Err("--instances must be at least 1".into());
+    }
+    if a.instances > 1 {
+        return replay_instances(&cfg, a.instances, a.json);
+    }
     let progress = |l: &str| {
         let mut e = std::io::stderr();
         let _ = write!(e, "\r{l}");
@@ -530,6 +555,57 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
     if dropped > 0 {
         return Err(format!(
             "{dropped} saves were reported good but no tier holds them"
+        ));
+    }
+    Ok(())
+}
+
+/// One instance of `replay --instances` (a child process): its report as
+/// JSON on stdout, progress lines on stderr.
+fn replay_instance(
+    mut cfg: ucm::replay::ReplayConfig,
+    index: usize,
+    count: usize,
+    dir: PathBuf,
+) -> Result<(), String> {
+    use ucm::replay::instances;
+    cfg.instance = Some(instances::InstanceRole { index, count, dir });
+    let rep =
+        instances::run_instance(&cfg, &instances::child_progress()).map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string(&rep).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+/// `replay --instances N`: N child processes of this executable.
+fn replay_instances(
+    cfg: &ucm::replay::ReplayConfig,
+    count: usize,
+    json: bool,
+) -> Result<(), String> {
+    use ucm::replay::instances;
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let progress = |l: &str| eprintln!("{l}");
+    let rep =
+        instances::run_parent(cfg, count, &exe, &args, &progress).map_err(|e| e.to_string())?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", instances::render(&rep));
+    }
+    if rep.wrong_hits > 0 {
+        return Err(format!("{} wrong hits", rep.wrong_hits));
+    }
+    if rep.lost_saves > 0 {
+        return Err(format!(
+            "{} saves were reported good but no tier holds them",
+            rep.lost_saves
         ));
     }
     Ok(())
@@ -660,6 +736,9 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     let file = a.trace.clone().unwrap_or_default();
     if a.remote.is_some() {
         return Err("--remote applies to workload replays, not to --trace".into());
+    }
+    if a.instances != 1 {
+        return Err("--instances applies to workload replays, not to --trace".into());
     }
     let caps = match (&a.sweep, &a.engine_capacity) {
         (Some(_), Some(_)) => return Err("give --sweep or --engine-capacity, not both".into()),

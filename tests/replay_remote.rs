@@ -56,3 +56,27 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--remote applies to workload replays"));
 }
+
+#[test]
+fn instances_with_their_own_disks_share_through_the_cluster() {
+    let Some(c) = Cluster::start(3) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["replay", "--sessions", "4", "--turns", "3"])
+        .args(["--instances", "2", "--json", "--remote", &c.url(), "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["sharing"], "remote");
+    assert_eq!(v["wrong_hits"], 0, "{v}");
+    // Disks are per instance: what one serves from the other's work came
+    // through the cluster, states included (a hit needs one on this model).
+    assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+}

@@ -35,6 +35,7 @@
 //! SVG); this file runs the modes on the engine harness.
 
 mod faults;
+pub mod instances;
 pub mod report;
 pub mod sim;
 pub mod trace;
@@ -116,6 +117,9 @@ pub struct ReplayConfig {
     pub sabotage: Option<SabotageKind>,
     /// A Redis or Valkey cluster below the disk tiers (`redis://...`).
     pub remote: Option<String>,
+    /// `Some`: this process is one of several engine instances of
+    /// `ucm replay --instances N` (see [`instances`]).
+    pub instance: Option<instances::InstanceRole>,
 }
 
 impl Default for ReplayConfig {
@@ -137,6 +141,7 @@ impl Default for ReplayConfig {
             modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
             sabotage: None,
             remote: None,
+            instance: None,
         }
     }
 }
@@ -231,6 +236,7 @@ fn run_mode(
     reqs: &[WorkRequest],
     reuse: &[u64],
     mode: Mode,
+    store_dir: Option<&Path>,
     progress: &dyn Fn(&str),
 ) -> Result<ModeReport> {
     let mut rep = ModeReport {
@@ -254,9 +260,20 @@ fn run_mode(
         rep.per_turn = turns(&per_turn);
         return Ok(rep);
     }
-    let scratch = crate::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
-        .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?;
-    let dir = scratch.path().to_path_buf();
+    // Instances of `--instances` share the directory their parent made;
+    // otherwise a fresh scratch directory per mode.
+    let scratch = match store_dir {
+        Some(_) => None,
+        None => Some(
+            crate::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
+                .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?,
+        ),
+    };
+    let dir = match (store_dir, &scratch) {
+        (Some(d), _) => d.to_path_buf(),
+        (None, Some(s)) => s.path().to_path_buf(),
+        (None, None) => unreachable!("a scratch directory is made when none is given"),
+    };
     let max_tokens = reqs
         .iter()
         .map(|r| r.tokens.len() + r.output.len())
@@ -327,6 +344,7 @@ fn run_mode(
         load_time += out.load_wait;
         let served = out.served;
         rep.cached_tokens += served;
+        rep.served.push(served);
         sum_l += out.l;
         sum_p += out.matched;
         let possible = re.min(n - 1) / grid * grid;
@@ -354,6 +372,7 @@ fn run_mode(
             started.elapsed().as_secs_f64()
         ));
     }
+    rep.reusable_tokens = reusable_total;
     rep.hit_rate = ratio(rep.cached_tokens, reusable_total);
     rep.state_hit_rate = ratio(sum_p, sum_l);
     rep.load_gib_s = if load_time.is_zero() {
@@ -374,6 +393,20 @@ fn run_mode(
 
 /// Runs the replay: every mode on the same workload.
 pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
+    let ctx = prepare(cfg)?;
+    let reqs = workload(cfg);
+    let reuse = reusable(&reqs);
+    let mut modes = std::collections::BTreeMap::new();
+    for &m in &cfg.modes {
+        let r = run_mode(cfg, &ctx, &reqs, &reuse, m, None, progress)?;
+        modes.insert(m.name().to_string(), r);
+    }
+    ttft_reductions(&reqs, &reuse, &mut modes);
+    Ok(Report { modes })
+}
+
+/// Checks the options and loads the spec (full and scaled).
+fn prepare(cfg: &ReplayConfig) -> Result<Ctx> {
     if cfg.tp == 0 || cfg.pp == 0 || cfg.bytes_scale == 0 || cfg.sessions == 0 || cfg.turns == 0 {
         return Err(ReplayError::Config(
             "tp, pp, bytes-scale, sessions and turns must be positive".into(),
@@ -422,14 +455,15 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
             spec.layer_count()
         )));
     }
-    let ctx = Ctx { spec, full };
-    let reqs = workload(cfg);
-    let reuse = reusable(&reqs);
-    let mut modes = std::collections::BTreeMap::new();
-    for &m in &cfg.modes {
-        let r = run_mode(cfg, &ctx, &reqs, &reuse, m, progress)?;
-        modes.insert(m.name().to_string(), r);
-    }
+    Ok(Ctx { spec, full })
+}
+
+/// Fills each mode's TTFT reductions against `recompute` and `fold`.
+fn ttft_reductions(
+    reqs: &[WorkRequest],
+    reuse: &[u64],
+    modes: &mut std::collections::BTreeMap<String, ModeReport>,
+) {
     // TTFT reductions over requests with >= 4096 reusable tokens.
     let long: Vec<usize> = (0..reqs.len()).filter(|&i| reuse[i] >= 4096).collect();
     let total = |m: &ModeReport| {
@@ -450,5 +484,4 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
                 .map(|b| round4(1.0 - t / b));
         }
     }
-    Ok(Report { modes })
 }

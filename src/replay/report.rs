@@ -3,10 +3,10 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Faults of one kind, and what they caused.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FaultKindReport {
     /// Faults of this kind injected (chosen for a request).
     pub injected: u64,
@@ -31,7 +31,7 @@ pub struct FaultKindReport {
 }
 
 /// The report of one mode.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ModeReport {
     /// Requests replayed.
     pub requests: usize,
@@ -83,6 +83,11 @@ pub struct ModeReport {
     /// Simulated TTFT of each request, ms (for cross-mode ratios).
     #[serde(skip)]
     pub ttft_ms: Vec<f64>,
+    /// The denominator of `hit_rate`.
+    pub reusable_tokens: u64,
+    /// Tokens served to each request.
+    #[serde(skip)]
+    pub served: Vec<u64>,
 }
 
 /// The full report.
