@@ -119,7 +119,12 @@ pub fn run(
             shards_per_block: 1,
         },
     )?;
-    let client = ClusterClient::new(probe.nodes.clone()).map_err(remote_err("configure"))?;
+    let crate::store::Endpoint::Redis(nodes) = &probe.endpoint else {
+        return Err(StoreError::Config(
+            "ucm bench remote measures a Redis or Valkey cluster (redis://...)".into(),
+        ));
+    };
+    let client = ClusterClient::new(nodes.clone()).map_err(remote_err("configure"))?;
     let mut raw = client.get_connection().map_err(remote_err("connect"))?;
     let mut out = Vec::new();
     let gib = (1u64 << 30) as f64;

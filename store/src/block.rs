@@ -35,6 +35,9 @@ use crate::remote::{RemoteRead, RemoteTier};
 /// Blocks per disk batch: bounds the files open at once.
 const IO_BATCH_BLOCKS: usize = 64;
 
+/// Blocks per remote write batch.
+const REMOTE_BATCH_BLOCKS: usize = 64;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -374,7 +377,8 @@ struct Inner<D: Device> {
     pool: ClockPool,
     disk: DiskTier,
     /// A shared tier below the disk (a Redis or Valkey cluster), if any.
-    remote: Option<RemoteTier>,
+    /// The tiers below the disk, nearest first (a cluster, a cold bucket).
+    remotes: Vec<RemoteTier>,
     geo: Geometry,
     cfg: BlockStoreConfig,
     stats: BlockStoreStats,
@@ -404,7 +408,7 @@ impl<D: Device> TieredBlockStore<D> {
     /// tier, shared with other instances: every block written to disk is
     /// also written there (a failure there is counted in the remote tier's
     /// stats and leaves the block durable on disk); a block neither the
-    /// pool nor the disk holds is looked up there (one pipelined lookup for
+    /// pool nor the disk holds is looked up there (one batched lookup for
     /// a call's misses) and read from there into the pool.
     pub fn with_remote(
         dev: Arc<D>,
@@ -413,15 +417,27 @@ impl<D: Device> TieredBlockStore<D> {
         remote: Option<RemoteTier>,
         cfg: BlockStoreConfig,
     ) -> Result<Self> {
+        Self::with_tiers(dev, pool, disk, remote.into_iter().collect(), cfg)
+    }
+
+    /// As [`TieredBlockStore::with_remote`], with any number of tiers below
+    /// the disk, nearest first (a Redis cluster, then an S3 bucket as the
+    /// cold tier): written to each after the disk, asked in turn for what
+    /// the tiers above them miss.
+    pub fn with_tiers(
+        dev: Arc<D>,
+        pool: ClockPool,
+        disk: DiskTier,
+        remotes: Vec<RemoteTier>,
+        cfg: BlockStoreConfig,
+    ) -> Result<Self> {
         let geo = disk.geometry();
-        if let Some(r) = &remote {
-            if r.geometry() != geo {
-                return Err(StoreError::Config(format!(
-                    "the remote tier's geometry ({}) is not the disk tier's ({})",
-                    r.geometry().describe(),
-                    geo.describe()
-                )));
-            }
+        if let Some(r) = remotes.iter().find(|r| r.geometry() != geo) {
+            return Err(StoreError::Config(format!(
+                "a remote tier's geometry ({}) is not the disk tier's ({})",
+                r.geometry().describe(),
+                geo.describe()
+            )));
         }
         if pool.slot_bytes() != geo.shard_bytes {
             return Err(StoreError::Config(format!(
@@ -442,7 +458,7 @@ impl<D: Device> TieredBlockStore<D> {
             pool_mem,
             pool,
             disk,
-            remote,
+            remotes,
             geo,
             cfg: cfg.clone(),
             stats: BlockStoreStats::default(),
@@ -501,16 +517,17 @@ impl<D: Device> TieredBlockStore<D> {
     pub fn holds(&self, block: &BlockId, shard: u32) -> bool {
         self.inner.pool.contains(&(*block, shard))
             || self.inner.disk.exists(block)
-            || self
-                .inner
-                .remote
-                .as_ref()
-                .is_some_and(|r| r.lookup(&[*block])[0])
+            || self.inner.remotes.iter().any(|r| r.lookup(&[*block])[0])
     }
 
-    /// The remote tier, if any.
+    /// The nearest tier below the disk, if any.
     pub fn remote(&self) -> Option<&RemoteTier> {
-        self.inner.remote.as_ref()
+        self.inner.remotes.first()
+    }
+
+    /// Every tier below the disk, nearest first.
+    pub fn remotes(&self) -> &[RemoteTier] {
+        &self.inner.remotes
     }
 
     /// The memory tier.
@@ -682,14 +699,15 @@ impl<D: Device> Drop for TieredBlockStore<D> {
 impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
         let mut found: Vec<bool> = ids.iter().map(|id| self.inner.present(id)).collect();
-        if let Some(r) = &self.inner.remote {
-            // The local misses, in one pipelined lookup.
+        for r in &self.inner.remotes {
+            // The misses of the tiers above, in one batched lookup.
             let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
-            if !missing.is_empty() {
-                let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
-                for (i, there) in missing.into_iter().zip(r.lookup(&asked)) {
-                    found[i] = there;
-                }
+            if missing.is_empty() {
+                break;
+            }
+            let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
+            for (i, there) in missing.into_iter().zip(r.lookup(&asked)) {
+                found[i] = there;
             }
         }
         found
@@ -697,10 +715,16 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
 
     fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize {
         let local = ids.iter().take_while(|id| self.inner.present(id)).count();
-        match &self.inner.remote {
-            Some(r) if local < ids.len() => local + r.lookup_on_prefix(&ids[local..]),
-            _ => local,
+        if local == ids.len() || self.inner.remotes.is_empty() {
+            return local;
         }
+        // Below the disk, a block counts if any tier holds it.
+        local
+            + self
+                .lookup(&ids[local..])
+                .iter()
+                .take_while(|&&p| p)
+                .count()
     }
 
     fn load(&self, items: Vec<TaskItem>) -> Result<TaskHandle> {
@@ -776,22 +800,26 @@ impl<D: Device> Inner<D> {
                 .collect();
             reads.extend(self.disk.read_many_in(session, reqs));
         }
-        // The disk's misses, from the remote tier in one pipeline.
-        let mut remote: Vec<Option<RemoteRead>> = Vec::new();
-        if let Some(r) = &self.remote {
-            let asked: Vec<(BlockId, Vec<u32>)> = loads
-                .iter()
-                .zip(&reads)
-                .filter(|(_, read)| matches!(read, Ok(None)))
-                .map(|((_, block, _), _)| (*block, vec![shard]))
+        // The disk's misses, from the tiers below in turn, one batch each.
+        let mut remote: Vec<Option<RemoteRead>> = (0..loads.len()).map(|_| None).collect();
+        for r in &self.remotes {
+            let idx: Vec<usize> = (0..loads.len())
+                .filter(|&i| {
+                    matches!(reads[i], Ok(None)) && !matches!(remote[i], Some(Ok(Some(_))))
+                })
                 .collect();
-            let mut got = r.read_many(&asked).into_iter();
-            remote = reads
-                .iter()
-                .map(|read| matches!(read, Ok(None)).then(|| got.next()).flatten())
-                .collect();
+            if idx.is_empty() {
+                break;
+            }
+            let asked: Vec<(BlockId, Vec<u32>)> =
+                idx.iter().map(|&i| (loads[i].1, vec![shard])).collect();
+            for (i, got) in idx.into_iter().zip(r.read_many(&asked)) {
+                // An upper tier's failure is kept unless a lower one has it.
+                if !(matches!(remote[i], Some(Err(_))) && matches!(got, Ok(None))) {
+                    remote[i] = Some(got);
+                }
+            }
         }
-        remote.resize_with(loads.len(), || None);
         let mut out = Vec::with_capacity(loads.len());
         for (((i, _, mut g), read), from_remote) in loads.into_iter().zip(reads).zip(remote) {
             let f = match read {
@@ -1092,24 +1120,37 @@ impl<D: Device> Inner<D> {
                 outcomes.extend(self.disk.write_blocks(chunk));
             }
             let mut again = Vec::new();
+            let mut written = Vec::new();
             for (b, pins) in todo {
                 match outcomes.get(&b) {
                     Some(Ok(())) => {
                         self.stats.blocks_written.fetch_add(1, Ordering::Relaxed);
-                        if let Some(r) = &self.remote {
-                            let shards: Vec<&[u8]> = pins.iter().map(SlotRef::data).collect();
-                            if let Some((_, Err(e))) = r.write_blocks(&[(b, shards)]).pop() {
-                                log::debug!("remote write: {e}");
-                            }
-                        }
-                        pins.iter().for_each(|r| r.set_dirty(false));
-                        result.insert(b, Durability::Durable);
+                        written.push((b, pins));
                     }
                     Some(Err(e)) if attempt + 1 == self.cfg.write_attempts => {
                         self.give_up(&b, &pins, Failure::from_store(e, "disk write"), &mut result);
                     }
                     _ => again.push((b, pins)),
                 }
+            }
+            // Durable on disk; then each tier below, one batch per tier (a
+            // failure there is the tier's, counted in its stats).
+            for r in &self.remotes {
+                for chunk in written.chunks(REMOTE_BATCH_BLOCKS) {
+                    let blocks: Vec<(BlockId, Vec<&[u8]>)> = chunk
+                        .iter()
+                        .map(|(b, pins)| (*b, pins.iter().map(SlotRef::data).collect()))
+                        .collect();
+                    if let Some((_, Err(e))) =
+                        r.write_blocks(&blocks).into_iter().find(|x| x.1.is_err())
+                    {
+                        log::debug!("remote write: {e}");
+                    }
+                }
+            }
+            for (b, pins) in written {
+                pins.iter().for_each(|r| r.set_dirty(false));
+                result.insert(b, Durability::Durable);
             }
             todo = again;
         }

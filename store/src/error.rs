@@ -61,6 +61,25 @@ pub enum StoreError {
         #[source]
         source: redis::RedisError,
     },
+    /// The S3 tier's object store failed or refused (`op` says what was
+    /// attempted).
+    #[error("S3 tier: {op}: {source}")]
+    ObjectStore {
+        /// What was attempted.
+        op: &'static str,
+        /// The client's error (shared: one failure of a batch is reported
+        /// for each of its blocks).
+        #[source]
+        source: std::sync::Arc<object_store::Error>,
+    },
+    /// A remote tier did not answer within its bound.
+    #[error("remote tier: {op}: no answer within {after:?}")]
+    Timeout {
+        /// What was attempted.
+        op: &'static str,
+        /// The bound.
+        after: std::time::Duration,
+    },
     /// A snapshot key of another group was given to a group's store.
     #[error("a key of snapshot group {got} was given to the store of group {expected}")]
     WrongGroup {

@@ -92,7 +92,9 @@ impl Failure {
             },
             StoreError::QueueFull => Failure::new(FailureKind::QueueFull, detail),
             StoreError::PoolFull => Failure::new(FailureKind::PoolFull, detail),
-            StoreError::Remote { .. } => Failure::new(FailureKind::Remote, detail),
+            StoreError::Remote { .. }
+            | StoreError::ObjectStore { .. }
+            | StoreError::Timeout { .. } => Failure::new(FailureKind::Remote, detail),
             StoreError::Config(_)
             | StoreError::Unsafe { .. }
             | StoreError::GeometryMismatch { .. }

@@ -43,6 +43,6 @@ pub use error::{Result, StoreError};
 pub use failure::{Failure, FailureKind};
 pub use geometry::{BlockId, Geometry};
 pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};
-pub use remote::{RemoteConfig, RemoteRead, RemoteStats, RemoteTier};
+pub use remote::{Endpoint, RemoteConfig, RemoteRead, RemoteStats, RemoteTier, S3Location};
 pub use snapshot::{SnapshotKey, SnapshotStore, StateItem, TieredSnapshotStore};
 pub use ucm_device as device;

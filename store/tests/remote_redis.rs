@@ -290,7 +290,14 @@ fn bad_urls_namespaces_and_blocks_are_refused() {
         );
     }
     let c = RemoteConfig::from_url("redis://a:1,valkey://b:2, c:3", "ns", GEO).unwrap();
-    assert_eq!(c.nodes, ["redis://a:1", "redis://b:2", "redis://c:3"]);
+    assert_eq!(
+        c.endpoint,
+        ucm_store::Endpoint::Redis(vec![
+            "redis://a:1".into(),
+            "redis://b:2".into(),
+            "redis://c:3".into()
+        ])
+    );
     // A block of the wrong shape is refused before anything is sent.
     let t = RemoteTier::new(c).unwrap();
     let short = [0u8; 10];

@@ -1,0 +1,295 @@
+//! The S3 backend of the remote tier (the cold tier): any S3-compatible
+//! object store, through the `object_store` crate.
+//!
+//! A PUT is atomic per object, so a shard is never half stored; the
+//! header's PUT of a block starts only after every shard PUT of it
+//! succeeded. The client is asynchronous: the backend owns a small tokio
+//! runtime and blocks the calling store thread on each batch, bounded by
+//! the timeout (per request, and for the whole batch). Requests of a batch
+//! run concurrently, [`CONCURRENCY`] at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStoreExt, PutPayload, RetryConfig};
+
+use super::{shown, Backend};
+use crate::error::{Result, StoreError};
+
+/// Requests in flight per batch.
+pub const CONCURRENCY: usize = 32;
+
+/// A bucket and where it is served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Location {
+    /// The bucket.
+    pub bucket: String,
+    /// A key prefix inside the bucket (no leading or trailing `/`; may be
+    /// empty).
+    pub prefix: String,
+    /// The endpoint (`http://host:port` for a local server); `None`: the
+    /// `AWS_ENDPOINT` variable, else AWS itself.
+    pub endpoint: Option<String>,
+    /// The region; `None`: `AWS_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+}
+
+fn plain(s: &str) -> bool {
+    s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+}
+
+impl S3Location {
+    /// Parses `s3://bucket[/prefix][?endpoint=URL&region=R]`.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let bad = |why: &str| StoreError::Config(format!("S3 URL `{}`: {why}", shown(url)));
+        let rest = url.strip_prefix("s3://").ok_or_else(|| bad("not s3://"))?;
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+        let prefix = prefix.trim_matches('/');
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.".contains(c));
+        if !bucket_ok {
+            return Err(bad(
+                "the bucket must be 3-63 lowercase letters, digits, `-` or `.`",
+            ));
+        }
+        if prefix.len() > 256
+            || !prefix
+                .split('/')
+                .all(|p| prefix.is_empty() || (!p.is_empty() && plain(p) && p != "." && p != ".."))
+        {
+            return Err(bad(
+                "the prefix must be `/`-separated names of letters, digits, `-`, `_` or `.`",
+            ));
+        }
+        let mut loc = S3Location {
+            bucket: bucket.to_string(),
+            prefix: prefix.to_string(),
+            endpoint: None,
+            region: None,
+        };
+        for kv in query.split('&').filter(|s| !s.is_empty()) {
+            match kv.split_once('=') {
+                Some(("endpoint", v))
+                    if (v.starts_with("http://") || v.starts_with("https://"))
+                        && v.len() <= 256
+                        && v.chars().all(|c| c.is_ascii_graphic()) =>
+                {
+                    loc.endpoint = Some(v.trim_end_matches('/').to_string());
+                }
+                Some(("region", v)) if !v.is_empty() && v.len() <= 64 && plain(v) => {
+                    loc.region = Some(v.to_string());
+                }
+                _ => {
+                    return Err(bad(
+                        "options are endpoint=http(s)://host:port and region=NAME",
+                    ))
+                }
+            }
+        }
+        Ok(loc)
+    }
+}
+
+/// An S3-compatible bucket.
+pub(super) struct S3Backend {
+    loc: S3Location,
+    store: Arc<AmazonS3>,
+    rt: tokio::runtime::Runtime,
+    timeout: Duration,
+}
+
+fn s3_err(op: &'static str) -> impl Fn(object_store::Error) -> StoreError {
+    move |e| StoreError::ObjectStore {
+        op,
+        source: Arc::new(e),
+    }
+}
+
+impl S3Backend {
+    pub(super) fn new(loc: &S3Location, timeout: Duration) -> Result<Self> {
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(&loc.bucket);
+        if let Some(e) = &loc.endpoint {
+            b = b.with_endpoint(e);
+        }
+        let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
+        if endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"))
+        {
+            b = b.with_allow_http(true);
+        }
+        match &loc.region {
+            Some(r) => b = b.with_region(r),
+            None if b.get_config_value(&AmazonS3ConfigKey::Region).is_none() => {
+                b = b.with_region("us-east-1");
+            }
+            None => {}
+        }
+        let store = b
+            .with_client_options(
+                ClientOptions::new()
+                    .with_timeout(timeout)
+                    .with_connect_timeout(timeout),
+            )
+            .with_retry(RetryConfig {
+                max_retries: 1,
+                retry_timeout: timeout,
+                ..RetryConfig::default()
+            })
+            .build()
+            .map_err(s3_err("configure the client"))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ucm-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Config(format!("S3 tier: no runtime: {e}")))?;
+        Ok(S3Backend {
+            loc: loc.clone(),
+            store: Arc::new(store),
+            rt,
+            timeout,
+        })
+    }
+
+    /// Runs a batch, bounded by a few timeouts in all (a request, its
+    /// retry, and the queueing of a batch beyond [`CONCURRENCY`]).
+    fn run<T>(
+        &self,
+        op: &'static str,
+        n: usize,
+        f: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let rounds = n.div_ceil(CONCURRENCY).max(1) as u32;
+        let bound = self.timeout * 2 + self.timeout * rounds.min(8);
+        self.rt
+            .block_on(async { tokio::time::timeout(bound, f).await })
+            .map_err(|_| StoreError::Timeout { op, after: bound })?
+    }
+}
+
+impl Backend for S3Backend {
+    fn key(&self, base: &[&str], hex: &str, part: &str) -> String {
+        let mut k = String::with_capacity(96);
+        if !self.loc.prefix.is_empty() {
+            k.push_str(&self.loc.prefix);
+            k.push('/');
+        }
+        for b in base {
+            k.push_str(b);
+            k.push('/');
+        }
+        k.push_str(hex);
+        k.push('/');
+        k.push_str(part);
+        k
+    }
+
+    fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        let s = &self.store;
+        self.run("lookup", keys.len(), async {
+            stream::iter(keys)
+                .map(|k| async move {
+                    match s.head(&Path::from(k.as_str())).await {
+                        Ok(_) => Ok(true),
+                        Err(object_store::Error::NotFound { .. }) => Ok(false),
+                        Err(e) => Err(s3_err("lookup")(e)),
+                    }
+                })
+                .buffered(CONCURRENCY)
+                .try_collect()
+                .await
+        })
+    }
+
+    fn get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        let s = &self.store;
+        self.run("read", keys.len(), async {
+            stream::iter(keys)
+                .map(|k| async move {
+                    match s.get(&Path::from(k.as_str())).await {
+                        Ok(r) => r
+                            .bytes()
+                            .await
+                            .map(|b| Some(b.to_vec()))
+                            .map_err(s3_err("read")),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(s3_err("read")(e)),
+                    }
+                })
+                .buffered(CONCURRENCY)
+                .try_collect()
+                .await
+        })
+    }
+
+    fn put(&self, blocks: &[Vec<(String, &[u8])>]) -> Result<()> {
+        let s = &self.store;
+        let put = |k: &String, v: &[u8]| {
+            let payload = PutPayload::from(v.to_vec());
+            let path = Path::from(k.as_str());
+            async move {
+                s.put(&path, payload)
+                    .await
+                    .map(|_| ())
+                    .map_err(s3_err("write"))
+            }
+        };
+        let n: usize = blocks.iter().map(Vec::len).sum();
+        self.run("write", n, async {
+            // Every shard of the batch, then the headers: a header is
+            // stored only once its block's shards are.
+            stream::iter(
+                blocks
+                    .iter()
+                    .flat_map(|b| b.split_last().map_or(&[][..], |(_, rest)| rest)),
+            )
+            .map(|(k, v)| put(k, v))
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
+            stream::iter(blocks.iter().filter_map(|b| b.last()))
+                .map(|(k, v)| put(k, v))
+                .buffer_unordered(CONCURRENCY)
+                .try_collect::<Vec<()>>()
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn delete(&self, keys: &[String]) -> Result<()> {
+        let s = &self.store;
+        self.run("delete", keys.len(), async {
+            stream::iter(keys)
+                .map(|k| async move {
+                    match s.delete(&Path::from(k.as_str())).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        Err(e) => Err(s3_err("delete")(e)),
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .try_collect::<Vec<()>>()
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "s3 bucket {} prefix {:?} at {}",
+            self.loc.bucket,
+            self.loc.prefix,
+            self.loc
+                .endpoint
+                .as_deref()
+                .unwrap_or("the default endpoint")
+        )
+    }
+}
