@@ -129,6 +129,11 @@ struct ReplayArgs {
     /// share it (workload replays).
     #[arg(long)]
     remote: Option<String>,
+    /// An S3-compatible bucket below that (or below the disk tiers without
+    /// `--remote`): the cold tier, `s3://bucket[/prefix]?endpoint=URL`
+    /// (credentials from `AWS_*`; workload replays).
+    #[arg(long)]
+    cold: Option<String>,
     /// Run N engine instances (processes with their own pools, schedulers
     /// and checkpoint directories) over one shared configuration: one store
     /// directory, or with `--remote` own disks and one cluster; `ucm` mode
@@ -513,6 +518,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         modes,
         sabotage: a.sabotage,
         remote: a.remote.clone(),
+        cold: a.cold.clone(),
         instance: None,
     };
     if let (Some(index), Some(count), Some(dir)) = (a.instance, a.instance_count, &a.instance_dir) {
@@ -734,8 +740,8 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     use ucm::replay::sim::{self, report, SimConfig, SimMode};
     use ucm::replay::trace;
     let file = a.trace.clone().unwrap_or_default();
-    if a.remote.is_some() {
-        return Err("--remote applies to workload replays, not to --trace".into());
+    if a.remote.is_some() || a.cold.is_some() {
+        return Err("--remote and --cold apply to workload replays, not to --trace".into());
     }
     if a.instances != 1 {
         return Err("--instances applies to workload replays, not to --trace".into());

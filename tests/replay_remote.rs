@@ -1,4 +1,4 @@
-//! `ucm replay --remote`: the workload replay with a 3-master Redis
+//! `ucm replay --remote` / `--cold`: the workload replay with a 3-master Redis
 //! cluster below every store's disk tier (started on loopback by the
 //! test): no wrong hit, and the blocks reach the cluster. Skips without
 //! `redis-server` unless `UCM_REQUIRE_REDIS=1`.
@@ -54,7 +54,8 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--remote applies to workload replays"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("--remote and --cold apply to workload replays"));
 }
 
 #[test]
@@ -79,4 +80,41 @@ fn instances_with_their_own_disks_share_through_the_cluster() {
     // Disks are per instance: what one serves from the other's work came
     // through the cluster, states included (a hit needs one on this model).
     assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+}
+
+#[path = "../store/tests/s3_server/mod.rs"]
+mod s3_server;
+
+#[test]
+fn instances_with_their_own_disks_share_through_a_cold_bucket() {
+    let Some(srv) = s3_server::S3Server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("AWS_ACCESS_KEY_ID", "ucm-test")
+        .env("AWS_SECRET_ACCESS_KEY", "ucm-test")
+        .args(["replay", "--sessions", "2", "--turns", "3"])
+        .args([
+            "--instances",
+            "2",
+            "--json",
+            "--cold",
+            &srv.url("replay"),
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["sharing"], "remote");
+    assert_eq!(v["wrong_hits"], 0, "{v}");
+    assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+    assert!(!srv.keys("replay/ucm/").is_empty());
 }

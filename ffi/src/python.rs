@@ -159,9 +159,13 @@ pub struct PyCache(Arc<Cache>);
 
 #[pymethods]
 impl PyCache {
-    /// Opens the cache of `spec` under `dir`.
+    /// Opens the cache of `spec` under `dir`; `remote` (a Redis or Valkey
+    /// cluster, `redis://host:port,...`) and `cold` (an S3 bucket,
+    /// `s3://bucket/prefix?endpoint=...`) are tiers below the disk shared
+    /// with other instances.
     #[new]
-    #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2))]
+    #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2, remote=None, cold=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &PySpec,
         dir: &str,
@@ -170,12 +174,16 @@ impl PyCache {
         disk_blocks: u64,
         lookahead: usize,
         workers: usize,
+        remote: Option<String>,
+        cold: Option<String>,
     ) -> PyResult<Self> {
         let mut o = CacheOptions::new(dir);
         o.tp_size = tp_size;
         o.store.pool_bytes = Some(pool_bytes);
         o.store.disk_blocks = disk_blocks;
         o.store.workers = workers;
+        o.store.remote = remote;
+        o.store.cold = cold;
         o.lookahead = lookahead;
         Ok(PyCache(Cache::open(spec.0.clone(), o).map_err(err)?))
     }

@@ -166,6 +166,7 @@ impl Cache {
         if opts.dir.as_os_str().is_empty() {
             return Err(FfiError::Invalid("the store directory is empty".into()));
         }
+        opts.store.validate()?;
         let units = Arc::new(UnitMap::new(&spec));
         let metrics = Arc::new(Metrics::new(&spec));
         // The directory asks this cache's stores for checkpoints it does not

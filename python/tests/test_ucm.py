@@ -83,6 +83,15 @@ def test_spec_table_is_exposed_and_bad_specs_are_refused():
         ucm.block_ids(spec, [1, 2, 3], "attn", rank=1, tp_size=1)
 
 
+def test_remote_and_cold_tier_urls_are_checked_at_open(tmp_path):
+    spec = ucm.SpecTable.from_toml(SPEC)
+    for kw in ({"remote": "ftp://host:1"}, {"remote": "redis://nohostport"}, {"cold": "s3://AB"}):
+        with pytest.raises(Exception, match="URL"):
+            ucm.Cache(spec, str(tmp_path / "store"), **kw)
+    # Well-formed URLs open (nothing is contacted until a store opens).
+    ucm.Cache(spec, str(tmp_path / "store"), remote="redis://127.0.0.1:1", cold="s3://bucket/p")
+
+
 torch = pytest.importorskip("torch")
 
 

@@ -13,7 +13,10 @@ Use::
 ``UCM_DIR`` environment variable), ``spec`` (a spec file replacing the one
 derived from vLLM's ``KVCacheConfig``), ``model_id`` (the model's name in
 the hashes; default: vLLM's model path), ``pool_bytes``, ``disk_blocks``,
-``lookahead``, and, for tests only, ``sabotage``.
+``lookahead``, ``remote`` (a Redis or Valkey cluster below the disk,
+``redis://host:port,...``; or ``UCM_REMOTE``), ``cold`` (an S3 bucket below
+that, ``s3://bucket/prefix?endpoint=...``; or ``UCM_COLD``), and, for tests
+only, ``sabotage``.
 
 Every hook calls the Rust adapter. The scheduler side resolves hits and
 builds each step's metadata (bytes, so it can cross to worker processes);
@@ -74,6 +77,8 @@ def shared_cache(spec_toml: str, directory: str, tp_size: int, opts: dict) -> An
                 pool_bytes=int(opts.get("pool_bytes", 256 << 20)),
                 disk_blocks=int(opts.get("disk_blocks", 1 << 20)),
                 lookahead=int(opts.get("lookahead", 2)),
+                remote=opts.get("remote") or os.environ.get("UCM_REMOTE") or None,
+                cold=opts.get("cold") or os.environ.get("UCM_COLD") or None,
             )
             _CACHES[key] = c
         return c

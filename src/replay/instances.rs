@@ -8,10 +8,11 @@
 //!   session was computed elsewhere. Instances run at once, so a request
 //!   may also arrive before its predecessor was stored: a miss, not an
 //!   error.
-//! - **Sharing.** Without `--remote` every instance opens the same disk-tier
-//!   directory (instances of one machine or of a shared filesystem). With
-//!   `--remote` each instance has a disk directory of its own and they
-//!   share only the cluster (instances on separate machines).
+//! - **Sharing.** Without `--remote` or `--cold` every instance opens the
+//!   same disk-tier directory (instances of one machine or of a shared
+//!   filesystem). With either, each instance has a disk directory of its
+//!   own and they share only the remote tiers (instances on separate
+//!   machines).
 //! - **What is reported.** Per instance: its requests, the tokens served,
 //!   and the tokens served **from another instance's work**: for each
 //!   request, what it was served beyond what this instance's own earlier
@@ -112,7 +113,7 @@ fn check(cfg: &ReplayConfig, count: usize) -> Result<()> {
 
 /// The store directory of instance `index` under the run's directory.
 fn store_dir(cfg: &ReplayConfig, role: &InstanceRole) -> PathBuf {
-    if cfg.remote.is_some() {
+    if cfg.remote.is_some() || cfg.cold.is_some() {
         role.dir.join(format!("instance-{}", role.index))
     } else {
         role.dir.clone()
@@ -284,7 +285,7 @@ pub fn aggregate(cfg: &ReplayConfig, count: usize, per: Vec<InstanceReport>) -> 
     let reusable = sum(&|r| r.report.reusable_tokens);
     InstancesReport {
         instances: count,
-        sharing: if cfg.remote.is_some() {
+        sharing: if cfg.remote.is_some() || cfg.cold.is_some() {
             "remote"
         } else {
             "directory"
@@ -306,7 +307,7 @@ pub fn render(r: &InstancesReport) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let how = match r.sharing {
-        "remote" => "own disks, one remote cluster",
+        "remote" => "own disks, shared remote tiers",
         _ => "one shared store directory",
     };
     let _ = writeln!(

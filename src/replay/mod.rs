@@ -117,6 +117,8 @@ pub struct ReplayConfig {
     pub sabotage: Option<SabotageKind>,
     /// A Redis or Valkey cluster below the disk tiers (`redis://...`).
     pub remote: Option<String>,
+    /// An S3 bucket below that: the cold tier (`s3://...`).
+    pub cold: Option<String>,
     /// `Some`: this process is one of several engine instances of
     /// `ucm replay --instances N` (see [`instances`]).
     pub instance: Option<instances::InstanceRole>,
@@ -141,6 +143,7 @@ impl Default for ReplayConfig {
             modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
             sabotage: None,
             remote: None,
+            cold: None,
             instance: None,
         }
     }
@@ -206,6 +209,7 @@ fn engine_config(
         pool_slots: 4096,
         ways: 64,
         remote: cfg.remote.clone(),
+        cold: cfg.cold.clone(),
         ..StoreSetConfig::default()
     };
     e.tp = cfg.tp;

@@ -44,6 +44,9 @@ pub struct StoreSetConfig {
     /// (`redis://host:port,...`), shared with other instances; each group
     /// uses the namespace of its name.
     pub remote: Option<String>,
+    /// An S3-compatible bucket below that (or below the disk tier when
+    /// there is no cluster): the cold tier (`s3://bucket[/prefix]?...`).
+    pub cold: Option<String>,
 }
 
 impl Default for StoreSetConfig {
@@ -57,7 +60,23 @@ impl Default for StoreSetConfig {
             workers: 2,
             engine: IoEngineKind::Auto,
             remote: None,
+            cold: None,
         }
+    }
+}
+
+impl StoreSetConfig {
+    /// Checks what can be checked before any store opens: the tier URLs'
+    /// syntax (nothing is contacted).
+    pub fn validate(&self) -> Result<()> {
+        let probe = Geometry {
+            shard_bytes: DIRECT_IO_ALIGN,
+            shards_per_block: 1,
+        };
+        for url in self.remote.iter().chain(&self.cold) {
+            RemoteConfig::from_url(url, "check", probe)?;
+        }
+        Ok(())
     }
 }
 
@@ -190,15 +209,15 @@ impl<D: Device> StoreSet<D> {
                 workers: cfg.workers.max(1),
                 ..BlockStoreConfig::default()
             };
-            let remote = match &cfg.remote {
-                None => None,
-                Some(url) => Some(RemoteTier::new(RemoteConfig::from_url(
+            let mut below = Vec::new();
+            for url in cfg.remote.iter().chain(&cfg.cold) {
+                below.push(RemoteTier::new(RemoteConfig::from_url(
                     url,
                     &remote_namespace(&g.name),
                     geo,
-                )?)?),
-            };
-            let blocks = TieredBlockStore::with_remote(Arc::clone(&dev), pool, disk, remote, bcfg)?;
+                )?)?);
+            }
+            let blocks = TieredBlockStore::with_tiers(Arc::clone(&dev), pool, disk, below, bcfg)?;
             sizes.insert(g.index, shard);
             if g.kind == Kind::Snapshot {
                 snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));

@@ -3,30 +3,32 @@
 //! ([`redis`]) and S3-compatible object storage ([`s3`], the cold tier).
 //! One layout and one check for both; a backend only moves keys and bytes.
 //!
-//! **Layout.** Block `id` of an instance of geometry `S x N` (shard bytes
-//! by shards) in namespace `ns` is N shard values and one "published"
-//! value:
+//! **Layout.** Every block carries the disk tier's block-file header (one
+//! format): geometry, id, a CRC32C per shard, its own CRC32C. Block `id` of
+//! an instance of geometry `S x N` (shard bytes by shards) in namespace
+//! `ns`:
 //!
 //! ```text
-//! Redis: ucm:<ns>:<S>x<N>:{<hex id>}:<i>       S3: [<prefix>/]ucm/<ns>/<S>x<N>/<hex id>/<i>
-//!        ucm:<ns>:<S>x<N>:{<hex id>}:pub           [<prefix>/]ucm/<ns>/<S>x<N>/<hex id>/pub
+//! Redis: ucm:<ns>:<S>x<N>:{<hex id>}:<i>     N shard values
+//!        ucm:<ns>:<S>x<N>:{<hex id>}:pub     the header, written last
+//! S3:    [<prefix>/]ucm/<ns>/<S>x<N>/<hex id>/block
+//!                                            one object: header, then shards
 //! ```
 //!
-//! `pub` holds the disk tier's block-file header (one format): geometry,
-//! id, a CRC32C per shard, its own CRC32C. A write stores the shards, then
-//! the header only once they are stored, so the header is never visible
-//! before its shards: a crash or a lost connection mid-write leaves the
-//! block invisible, never half there. (Redis: one hash tag per block, so
-//! its keys share a master and one connection orders them; S3: a PUT is
-//! atomic per object, the header's PUT starts after the shards' succeeded.)
+//! Redis: a write sends the shards, then the header, on one connection to
+//! the slot's master (one hash tag per block), so the header is never
+//! visible before its shards. S3: one PUT per block (atomic: the object is
+//! whole or absent), and a read fetches the header's and the shards' byte
+//! ranges, so a block of many layers costs one request to write, not one
+//! per shard. Either way a crash or a lost connection mid-write leaves the
+//! block invisible, never half there.
 //!
-//! **Presence** is the header's existence, batched (Redis: one pipeline; S3:
-//! concurrent HEADs). **A read** fetches the header and the shards and
-//! checks every shard against the header: a missing shard (evicted by the
-//! server's `maxmemory` policy, expired by a bucket's lifecycle rule), a
-//! wrong length or a checksum mismatch is a miss, and the block's keys are
-//! deleted. Geometry is part of the key, so instances of another geometry
-//! never meet.
+//! **Presence** is the header's (the object's) existence, batched (Redis:
+//! one pipeline; S3: concurrent HEADs). **A read** checks every shard
+//! against the header: a missing shard (evicted by the server's `maxmemory`
+//! policy), a wrong length (a truncated object) or a checksum mismatch is a
+//! miss, and the block is deleted. Geometry is part of the key, so
+//! instances of another geometry never meet.
 //!
 //! **Faults.** Every call is bounded by the configured timeout. A backend
 //! that is down or slow makes lookups and reads miss (and counts the error)
@@ -138,8 +140,26 @@ pub struct RemoteStats {
 /// damaged), or the backend's failure.
 pub type RemoteRead = Result<Option<Vec<Vec<u8>>>>;
 
+/// How a backend lays a block out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// One value per shard and a header value written after them (a
+    /// key-value store: Redis).
+    Keys,
+    /// One object per block, the header first and the shards after it,
+    /// written by one atomic PUT and read by byte ranges (object storage:
+    /// S3, where a request per shard would cost too much).
+    Object,
+}
+
+/// One object read by ranges: the bytes of each range, or `Err(size)`
+/// when the object is not the expected size (damaged).
+type RangedObject = std::result::Result<Vec<Vec<u8>>, u64>;
+
 /// What a backend does: keys and bytes, in batches.
 trait Backend: Send + Sync {
+    /// Its layout.
+    fn layout(&self) -> Layout;
     /// The key of `part` (`pub` or a shard index) of the block whose id is
     /// `hex`, under `base` (`ucm`, namespace, geometry).
     fn key(&self, base: &[&str], hex: &str, part: &str) -> String;
@@ -152,6 +172,18 @@ trait Backend: Send + Sync {
     fn put(&self, blocks: &[Vec<(String, &[u8])>]) -> Result<()>;
     /// Deletes keys (absent ones are fine).
     fn delete(&self, keys: &[String]) -> Result<()>;
+    /// [`Layout::Object`]: per object, the bytes of each range; `None`:
+    /// absent; `Some(Err(len))`: present but not `expected` bytes long
+    /// (damaged: the ranges do not fit).
+    fn get_ranges(
+        &self,
+        _reqs: &[(String, Vec<std::ops::Range<u64>>)],
+        _expected: u64,
+    ) -> Result<Vec<Option<RangedObject>>> {
+        Err(StoreError::Config(
+            "this remote backend stores blocks as keys, not objects".into(),
+        ))
+    }
     /// A description for logs.
     fn describe(&self) -> String;
 }
@@ -248,6 +280,14 @@ impl RemoteTier {
         self.backend.key(&b, &hex(id), part)
     }
 
+    /// The key whose existence publishes a block.
+    fn published(&self, id: &BlockId) -> String {
+        match self.backend.layout() {
+            Layout::Keys => self.key(id, "pub"),
+            Layout::Object => self.key(id, "block"),
+        }
+    }
+
     /// Counts a failed call.
     fn failed<T>(&self, r: Result<T>) -> Result<T> {
         if r.is_err() {
@@ -262,7 +302,7 @@ impl RemoteTier {
         if ids.is_empty() {
             return Vec::new();
         }
-        let keys: Vec<String> = ids.iter().map(|id| self.key(id, "pub")).collect();
+        let keys: Vec<String> = ids.iter().map(|id| self.published(id)).collect();
         match self.failed(self.backend.exists(&keys)) {
             Ok(v) if v.len() == ids.len() => v,
             Ok(_) => vec![false; ids.len()],
@@ -299,16 +339,43 @@ impl RemoteTier {
             header::write_header(g, id, &crcs, &mut h);
             heads.push(h);
         }
-        let mut heads = heads.iter();
-        for (id, shards) in blocks.iter().filter(|(id, _)| !bad.contains(id)) {
-            let mut kv: Vec<(String, &[u8])> = shards
+        let layout = self.backend.layout();
+        // Object layout: the header then the shards, one value per block.
+        let objects: Vec<Vec<u8>> = if layout == Layout::Object {
+            blocks
                 .iter()
-                .enumerate()
-                .map(|(i, s)| (self.key(id, &i.to_string()), *s))
-                .collect();
-            if let Some(h) = heads.next() {
-                kv.push((self.key(id, "pub"), h.as_slice()));
-            }
+                .filter(|(id, _)| !bad.contains(id))
+                .zip(&heads)
+                .map(|((_, shards), h)| {
+                    let mut o = Vec::with_capacity(h.len() + g.shard_bytes * shards.len());
+                    o.extend_from_slice(h);
+                    shards.iter().for_each(|s| o.extend_from_slice(s));
+                    o
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut heads = heads.iter();
+        let mut objects = objects.iter();
+        for (id, shards) in blocks.iter().filter(|(id, _)| !bad.contains(id)) {
+            let kv: Vec<(String, &[u8])> = match layout {
+                Layout::Object => objects
+                    .next()
+                    .map(|o| vec![(self.key(id, "block"), o.as_slice())])
+                    .unwrap_or_default(),
+                Layout::Keys => {
+                    let mut kv: Vec<(String, &[u8])> = shards
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| (self.key(id, &i.to_string()), *s))
+                        .collect();
+                    if let Some(h) = heads.next() {
+                        kv.push((self.key(id, "pub"), h.as_slice()));
+                    }
+                    kv
+                }
+            };
             batch.push(kv);
         }
         let r = if batch.is_empty() {
@@ -349,6 +416,9 @@ impl RemoteTier {
     /// [`RemoteTier::read_shards`] of many blocks in one batch. A storage
     /// failure fails every block of the call.
     pub fn read_many(&self, reqs: &[(BlockId, Vec<u32>)]) -> Vec<RemoteRead> {
+        if self.backend.layout() == Layout::Object {
+            return self.read_objects(reqs);
+        }
         let g = self.cfg.geometry;
         let mut out: Vec<Option<RemoteRead>> = Vec::with_capacity(reqs.len());
         let mut keys = Vec::new();
@@ -424,11 +494,95 @@ impl RemoteTier {
         result
     }
 
+    /// [`RemoteTier::read_many`] on the object layout: per block, the
+    /// header's range and each shard's, checked the same way.
+    fn read_objects(&self, reqs: &[(BlockId, Vec<u32>)]) -> Vec<RemoteRead> {
+        let g = self.cfg.geometry;
+        let hl = header::header_len(g) as u64;
+        let sb = g.shard_bytes as u64;
+        let expected = hl + sb * u64::from(g.shards_per_block);
+        let mut out: Vec<Option<RemoteRead>> = Vec::with_capacity(reqs.len());
+        let mut asked = Vec::new();
+        for (id, shards) in reqs {
+            if let Some(e) = shards.iter().find_map(|&s| g.check_shard(s).err()) {
+                out.push(Some(Err(e)));
+                continue;
+            }
+            let mut ranges = Vec::with_capacity(shards.len() + 1);
+            ranges.push(0..hl);
+            ranges.extend(shards.iter().map(|&s| {
+                let at = hl + sb * u64::from(s);
+                at..at + sb
+            }));
+            asked.push((self.key(id, "block"), ranges));
+            out.push(None);
+        }
+        if asked.is_empty() {
+            return out.into_iter().flatten().collect();
+        }
+        let got = match self.failed(self.backend.get_ranges(&asked, expected)) {
+            Ok(v) if v.len() == asked.len() => v,
+            r => {
+                let e = match r {
+                    Err(e) => e,
+                    Ok(_) => StoreError::Config("remote read: a reply of the wrong length".into()),
+                };
+                return out
+                    .into_iter()
+                    .map(|o| o.unwrap_or_else(|| Err(again(&e))))
+                    .collect();
+            }
+        };
+        let mut got = got.into_iter();
+        let mut damaged = Vec::new();
+        let mut read = 0u64;
+        let result = reqs
+            .iter()
+            .zip(out)
+            .map(|((id, shards), o)| {
+                if let Some(r) = o {
+                    return r;
+                }
+                let parts = match got.next().flatten() {
+                    None => return Ok(None),
+                    Some(Err(_len)) => {
+                        damaged.push(*id);
+                        return Ok(None);
+                    }
+                    Some(Ok(p)) => p,
+                };
+                let whole = parts.len() == shards.len() + 1
+                    && header::parse_header(g, id, &parts[0]).is_some_and(|crcs| {
+                        parts[1..].iter().zip(shards).all(|(v, &s)| {
+                            v.len() == g.shard_bytes && crc32c::crc32c(v) == crcs[s as usize]
+                        })
+                    });
+                if !whole {
+                    damaged.push(*id);
+                    return Ok(None);
+                }
+                read += 1;
+                Ok(Some(parts.into_iter().skip(1).collect()))
+            })
+            .collect();
+        self.stats.read.fetch_add(read, Ordering::Relaxed);
+        if !damaged.is_empty() {
+            self.stats
+                .damaged
+                .fetch_add(damaged.len() as u64, Ordering::Relaxed);
+            let _ = self.delete(&damaged);
+        }
+        result
+    }
+
     /// Deletes blocks: every header first, then the shards, so none is
     /// ever half visible.
     pub fn delete(&self, ids: &[BlockId]) -> Result<()> {
-        let heads: Vec<String> = ids.iter().map(|id| self.key(id, "pub")).collect();
+        let heads: Vec<String> = ids.iter().map(|id| self.published(id)).collect();
         self.failed(self.backend.delete(&heads))?;
+        if self.backend.layout() == Layout::Object {
+            return Ok(());
+        }
         let shards: Vec<String> = ids
             .iter()
             .flat_map(|id| {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterClientBuilder, ClusterConnection};
 
-use super::{shown, Backend};
+use super::{shown, Backend, Layout};
 use crate::error::{Result, StoreError};
 
 /// The seed nodes of `redis://host:port[,host:port...]` (`valkey://` too,
@@ -127,6 +127,10 @@ impl RedisBackend {
 }
 
 impl Backend for RedisBackend {
+    fn layout(&self) -> Layout {
+        Layout::Keys
+    }
+
     fn key(&self, base: &[&str], hex: &str, part: &str) -> String {
         let mut k = String::with_capacity(64);
         for b in base {

@@ -1,9 +1,9 @@
 //! The S3 backend of the remote tier (the cold tier): any S3-compatible
 //! object store, through the `object_store` crate.
 //!
-//! A PUT is atomic per object, so a shard is never half stored; the
-//! header's PUT of a block starts only after every shard PUT of it
-//! succeeded. The client is asynchronous: the backend owns a small tokio
+//! A block is one object (header, then shards: the object layout of
+//! [`super`]), written by one PUT, which is atomic, and read by byte
+//! ranges. The client is asynchronous: the backend owns a small tokio
 //! runtime and blocks the calling store thread on each batch, bounded by
 //! the timeout (per request, and for the whole batch). Requests of a batch
 //! run concurrently, [`CONCURRENCY`] at a time.
@@ -14,9 +14,9 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path;
-use object_store::{ClientOptions, ObjectStoreExt, PutPayload, RetryConfig};
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
-use super::{shown, Backend};
+use super::{shown, Backend, Layout, RangedObject};
 use crate::error::{Result, StoreError};
 
 /// Requests in flight per batch.
@@ -119,12 +119,10 @@ impl S3Backend {
             b = b.with_endpoint(e);
         }
         let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
-        if endpoint
+        // A plain-HTTP endpoint (a local server) is allowed explicitly.
+        let http = endpoint
             .as_deref()
-            .is_some_and(|e| e.starts_with("http://"))
-        {
-            b = b.with_allow_http(true);
-        }
+            .is_some_and(|e| e.starts_with("http://"));
         match &loc.region {
             Some(r) => b = b.with_region(r),
             None if b.get_config_value(&AmazonS3ConfigKey::Region).is_none() => {
@@ -135,6 +133,7 @@ impl S3Backend {
         let store = b
             .with_client_options(
                 ClientOptions::new()
+                    .with_allow_http(http)
                     .with_timeout(timeout)
                     .with_connect_timeout(timeout),
             )
@@ -176,6 +175,38 @@ impl S3Backend {
 }
 
 impl Backend for S3Backend {
+    fn layout(&self) -> Layout {
+        Layout::Object
+    }
+
+    fn get_ranges(
+        &self,
+        reqs: &[(String, Vec<std::ops::Range<u64>>)],
+        expected: u64,
+    ) -> Result<Vec<Option<RangedObject>>> {
+        let s = &self.store;
+        self.run("read", reqs.len(), async {
+            stream::iter(reqs)
+                .map(|(k, ranges)| async move {
+                    let path = Path::from(k.as_str());
+                    match s.get_ranges(&path, ranges).await {
+                        Ok(parts) => Ok(Some(Ok(parts.into_iter().map(|b| b.to_vec()).collect()))),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        // A range that does not fit: is the object of
+                        // another length (damaged), or did the server fail?
+                        Err(e) => match s.head(&path).await {
+                            Ok(m) if m.size != expected => Ok(Some(Err(m.size))),
+                            Err(object_store::Error::NotFound { .. }) => Ok(None),
+                            _ => Err(s3_err("read")(e)),
+                        },
+                    }
+                })
+                .buffered(CONCURRENCY)
+                .try_collect()
+                .await
+        })
+    }
+
     fn key(&self, base: &[&str], hex: &str, part: &str) -> String {
         let mut k = String::with_capacity(96);
         if !self.loc.prefix.is_empty() {
