@@ -310,6 +310,15 @@ struct StoreArgs {
     /// The store's I/O engine: auto, io_uring, libaio or posix.
     #[arg(long, default_value = "auto")]
     engine: IoEngineKind,
+    /// Measure the tiers below the disk instead: a Redis or Valkey cluster
+    /// (`redis://host:port,...`) ...
+    #[arg(long)]
+    remote: Option<String>,
+    /// ... and/or an S3 bucket (`s3://bucket/prefix?endpoint=URL`): dump,
+    /// another instance's load and lookups, each against the same path
+    /// without the tiers.
+    #[arg(long)]
+    cold: Option<String>,
 }
 
 #[derive(Args)]
@@ -1037,7 +1046,12 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         reps: a.reps,
         engine: a.engine,
     };
-    let records = storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    let tiers: Vec<String> = a.remote.iter().chain(&a.cold).cloned().collect();
+    let records = if tiers.is_empty() {
+        storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?
+    } else {
+        ucm::bench::tiers::run(&cfg, &tiers, |l| eprintln!("{l}")).map_err(|e| e.to_string())?
+    };
     for r in &records {
         if a.json {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);

@@ -7,6 +7,7 @@ pub mod io;
 pub mod layerwise;
 pub mod remote;
 pub mod store;
+pub mod tiers;
 
 /// The median of `v` (0 for an empty slice).
 pub fn median(v: &[f64]) -> f64 {

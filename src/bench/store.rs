@@ -120,7 +120,7 @@ fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-fn record(
+pub(super) fn record(
     path: &str,
     shard_bytes: usize,
     ours: f64,
@@ -156,14 +156,14 @@ fn disk_record(
     r
 }
 
-fn id(n: u64) -> BlockId {
+pub(super) fn id(n: u64) -> BlockId {
     let mut b = [0u8; 16];
     b[..8].copy_from_slice(&n.to_le_bytes());
     b[8..].copy_from_slice(&n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
     b
 }
 
-fn open_store(
+pub(super) fn open_store(
     dev: &Arc<HostDevice>,
     dir: &Path,
     geo: Geometry,
@@ -188,7 +188,12 @@ fn open_store(
     Ok(TieredBlockStore::new(Arc::clone(dev), pool, disk, cfg)?)
 }
 
-fn task(geo: Geometry, blocks: usize, mem: &Memory, shards: std::ops::Range<u32>) -> Vec<TaskItem> {
+pub(super) fn task(
+    geo: Geometry,
+    blocks: usize,
+    mem: &Memory,
+    shards: std::ops::Range<u32>,
+) -> Vec<TaskItem> {
     let mut v = Vec::new();
     for b in 0..blocks {
         for s in shards.clone() {
@@ -203,7 +208,10 @@ fn task(geo: Geometry, blocks: usize, mem: &Memory, shards: std::ops::Range<u32>
     v
 }
 
-fn expect_ok(outs: &[(BlockId, u32, ItemOutcome)], what: &str) -> Result<(), StoreBenchError> {
+pub(super) fn expect_ok(
+    outs: &[(BlockId, u32, ItemOutcome)],
+    what: &str,
+) -> Result<(), StoreBenchError> {
     match outs.iter().find(|(_, _, o)| *o != ItemOutcome::Ok) {
         None => Ok(()),
         Some((_, s, o)) => Err(StoreBenchError::Other(format!("{what}: shard {s}: {o:?}"))),

@@ -1,0 +1,253 @@
+//! `ucm bench store --remote URL` / `--cold URL`: the tiers below the disk,
+//! each path against the same path without them, in the same run.
+//!
+//! For each shard size, `blocks x shards` of it (`--size`), per round, in a
+//! namespace of the round's own:
+//! - `dump_tiers`: dump everything and wait until durable, with the tiers
+//!   below the disk (a block is durable once on disk and written to each
+//!   tier); limit: the same dump to disk only;
+//! - `load_tiers`: another instance (its own empty pool and disk) loads
+//!   everything, from the nearest tier that holds it; every byte is
+//!   compared with what was dumped (outside the timing); limit: a cold load
+//!   from the local disk (a fresh pool over the disk-only store);
+//! - `lookup_tiers`: a third instance (empty pool and disk) looks up every
+//!   id (blocks per second; no limit).
+//!
+//! The round's blocks are deleted from the tiers afterwards. Figures from
+//! a local test server (moto) measure UCM's overhead and that server, not
+//! a production store.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, Memory};
+use ucm_store::pool::PoolMode;
+use ucm_store::{
+    BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, PoolConfig,
+    RemoteConfig, RemoteTier, TieredBlockStore,
+};
+
+use super::gib_s;
+use super::store::{expect_ok, id, open_store, record, task, StoreBenchConfig, StoreBenchError};
+
+fn open_tiered(
+    dev: &Arc<HostDevice>,
+    dir: &Path,
+    geo: Geometry,
+    slots: usize,
+    cfg: &StoreBenchConfig,
+    urls: &[String],
+    ns: &str,
+) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
+    let ways = 256.min(slots);
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: geo.shard_bytes,
+        slots: slots.div_ceil(ways) * ways,
+        ways,
+        mode: PoolMode::Private,
+        load_timeout: Duration::from_secs(30),
+        dirty_timeout: Duration::from_secs(600),
+    })?;
+    let engine = Arc::from(IoEngineConfig::new(cfg.engine).build()?);
+    let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
+    let mut tiers = Vec::new();
+    for u in urls {
+        let mut rc = RemoteConfig::from_url(u, ns, geo)?;
+        rc.timeout = Duration::from_secs(10);
+        tiers.push(RemoteTier::new(rc)?);
+    }
+    let bcfg = BlockStoreConfig {
+        workers: 2,
+        ..BlockStoreConfig::default()
+    };
+    Ok(TieredBlockStore::with_tiers(
+        Arc::clone(dev),
+        pool,
+        disk,
+        tiers,
+        bcfg,
+    )?)
+}
+
+fn durable(h: &ucm_store::TaskHandle, what: &str) -> Result<(), StoreBenchError> {
+    match h
+        .wait_durable()
+        .into_iter()
+        .find(|(_, d)| *d != ucm_store::Durability::Durable)
+    {
+        None => Ok(()),
+        Some((_, d)) => Err(StoreBenchError::Other(format!(
+            "{what}: not durable: {d:?}"
+        ))),
+    }
+}
+
+fn host_copy(dev: &HostDevice, mem: &Memory, bytes: usize) -> Result<Vec<u8>, StoreBenchError> {
+    let host = dev.alloc_pinned(bytes)?;
+    let s = dev.create_stream()?;
+    dev.copy_async(&s, &CopyRun::new(&host, 0, mem, 0, bytes))?;
+    dev.synchronize_stream(&s)?;
+    let mut v = vec![0u8; bytes];
+    host.read_host(0, &mut v)?;
+    Ok(v)
+}
+
+/// Runs the tier paths for every shard size, below a scratch directory of
+/// `cfg.dir`.
+pub fn run(
+    cfg: &StoreBenchConfig,
+    urls: &[String],
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<super::store::StoreBenchRecord>, StoreBenchError> {
+    if urls.is_empty() {
+        return Err(StoreBenchError::Other(
+            "the tier bench needs --remote or --cold".into(),
+        ));
+    }
+    if cfg.bytes == 0 || cfg.reps == 0 || cfg.shard_sizes.contains(&0) {
+        return Err(StoreBenchError::Other(
+            "--size, --reps and every shard size must be positive".into(),
+        ));
+    }
+    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-tiers")
+        .map_err(|e| StoreBenchError::Other(format!("{}: {e}", cfg.dir.display())))?;
+    let root = scratch.path().to_path_buf();
+    let mut out = Vec::new();
+    for &shard_bytes in &cfg.shard_sizes {
+        out.extend(run_size(cfg, urls, &root, shard_bytes, &mut progress)?);
+    }
+    drop(scratch);
+    Ok(out)
+}
+
+fn run_size(
+    cfg: &StoreBenchConfig,
+    urls: &[String],
+    root: &Path,
+    shard_bytes: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<super::store::StoreBenchRecord>, StoreBenchError> {
+    let geo = Geometry {
+        shard_bytes,
+        shards_per_block: cfg.shards,
+    };
+    geo.validate()?;
+    let block_bytes = shard_bytes * cfg.shards as usize;
+    let blocks = (cfg.bytes / block_bytes).max(1);
+    let bytes = blocks * block_bytes;
+    let slots = blocks * cfg.shards as usize * 2;
+    let dev = Arc::new(HostDevice::new());
+    progress(&format!(
+        "tier bench: {blocks} blocks x {} shards of {} KiB ({} MiB) below the disk: {}",
+        cfg.shards,
+        shard_bytes >> 10,
+        bytes >> 20,
+        urls.join(" then ")
+    ));
+    let src = dev.alloc_device(bytes)?;
+    {
+        let host = dev.alloc_pinned(bytes)?;
+        let chunk = crate::device::conformance::pattern(13, 1 << 20);
+        for off in (0..bytes).step_by(1 << 20) {
+            let n = (1 << 20).min(bytes - off);
+            host.write_host(off, &chunk[..n])?;
+        }
+        let s = dev.create_stream()?;
+        dev.copy_async(&s, &CopyRun::new(&src, 0, &host, 0, bytes))?;
+        dev.synchronize_stream(&s)?;
+    }
+    let expected = host_copy(&dev, &src, bytes)?;
+    let dst = dev.alloc_device(bytes)?;
+    let ids: Vec<BlockId> = (0..blocks as u64).map(id).collect();
+    let best = |a: &mut f64, x: f64| *a = a.max(x);
+    let (mut dump, mut dump_disk, mut load, mut load_disk, mut lookup) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for rep in 0..cfg.reps {
+        let ns = format!("bench-{}-{rep}-{shard_bytes}", std::process::id());
+        let dir = root.join(format!("s{shard_bytes}-r{rep}"));
+        // dump_tiers, then the same dump to disk only.
+        let a = open_tiered(&dev, &dir.join("a"), geo, slots, cfg, urls, &ns)?;
+        let t = Instant::now();
+        let h = a.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
+        expect_ok(&h.wait(), "dump_tiers")?;
+        durable(&h, "dump_tiers")?;
+        let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+        best(&mut dump, ours);
+        let written: u64 = a
+            .remotes()
+            .iter()
+            .map(|r| r.stats().written.load(std::sync::atomic::Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
+        if written < blocks as u64 {
+            return Err(StoreBenchError::Other(format!(
+                "dump_tiers: only {written} of {blocks} blocks reached every tier"
+            )));
+        }
+        let d = open_store(&dev, &dir.join("d"), geo, slots, cfg.engine)?;
+        let t = Instant::now();
+        let h = d.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
+        expect_ok(&h.wait(), "dump_disk")?;
+        durable(&h, "dump_disk")?;
+        let base = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+        best(&mut dump_disk, base);
+        drop(d);
+        progress(&format!(
+            "round {}/{}: dump_tiers {ours:.3} GiB/s (disk only {base:.3})",
+            rep + 1,
+            cfg.reps
+        ));
+        // load_tiers from another instance, then a cold disk load.
+        let b = open_tiered(&dev, &dir.join("b"), geo, slots, cfg, urls, &ns)?;
+        let t = Instant::now();
+        expect_ok(
+            &b.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
+            "load_tiers",
+        )?;
+        let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+        best(&mut load, ours);
+        if host_copy(&dev, &dst, bytes)? != expected {
+            return Err(StoreBenchError::Other(
+                "load_tiers: the bytes loaded are not the bytes dumped".into(),
+            ));
+        }
+        drop(b);
+        let d = open_store(&dev, &dir.join("d"), geo, slots, cfg.engine)?;
+        let t = Instant::now();
+        expect_ok(
+            &d.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
+            "load_disk",
+        )?;
+        let base = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+        best(&mut load_disk, base);
+        drop(d);
+        // lookup_tiers from a third instance.
+        let c = open_tiered(&dev, &dir.join("c"), geo, slots, cfg, urls, &ns)?;
+        let t = Instant::now();
+        let found = c.lookup(&ids);
+        let rate = ids.len() as f64 / t.elapsed().as_secs_f64();
+        if found.iter().any(|f| !f) {
+            return Err(StoreBenchError::Other(
+                "lookup_tiers: a dumped block was not found".into(),
+            ));
+        }
+        best(&mut lookup, rate);
+        progress(&format!(
+            "round {}/{}: load_tiers {ours:.3} GiB/s (cold disk {base:.3}), lookup {rate:.0} blk/s",
+            rep + 1,
+            cfg.reps
+        ));
+        for r in a.remotes() {
+            for chunk in ids.chunks(256) {
+                let _ = r.delete(chunk);
+            }
+        }
+        drop((a, c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(vec![
+        record("dump_tiers", shard_bytes, dump, Some(dump_disk), false),
+        record("load_tiers", shard_bytes, load, Some(load_disk), false),
+        record("lookup_tiers", shard_bytes, lookup, None, true),
+    ])
+}
