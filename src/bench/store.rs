@@ -188,6 +188,26 @@ pub(super) fn open_store(
     Ok(TieredBlockStore::new(Arc::clone(dev), pool, disk, cfg)?)
 }
 
+/// Device memory of `bytes`, filled with a pattern of `seed` (1 MiB
+/// repeated).
+pub(super) fn pattern_source(
+    dev: &HostDevice,
+    bytes: usize,
+    seed: u64,
+) -> Result<Memory, StoreBenchError> {
+    let src = dev.alloc_device(bytes)?;
+    let host = dev.alloc_pinned(bytes)?;
+    let chunk = crate::device::conformance::pattern(seed, 1 << 20);
+    for off in (0..bytes).step_by(1 << 20) {
+        let n = (1 << 20).min(bytes - off);
+        host.write_host(off, &chunk[..n])?;
+    }
+    let s = dev.create_stream()?;
+    dev.copy_async(&s, &CopyRun::new(&src, 0, &host, 0, bytes))?;
+    dev.synchronize_stream(&s)?;
+    Ok(src)
+}
+
 pub(super) fn task(
     geo: Geometry,
     blocks: usize,
@@ -277,18 +297,7 @@ fn run_size(
         shard_bytes >> 10,
         bytes >> 20
     ));
-    let src = dev.alloc_device(bytes)?;
-    {
-        let host = dev.alloc_pinned(bytes)?;
-        let chunk = crate::device::conformance::pattern(11, 1 << 20);
-        for off in (0..bytes).step_by(1 << 20) {
-            let n = (1 << 20).min(bytes - off);
-            host.write_host(off, &chunk[..n])?;
-        }
-        let s = dev.create_stream()?;
-        dev.copy_async(&s, &CopyRun::new(&src, 0, &host, 0, bytes))?;
-        dev.synchronize_stream(&s)?;
-    }
+    let src = pattern_source(&dev, bytes, 11)?;
     let reps = cfg.reps.max(1);
     let fio_file = root.join("fio.dat");
     // fio on a file of the same size in the same directory tree, with the

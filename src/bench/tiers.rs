@@ -29,7 +29,9 @@ use ucm_store::{
 };
 
 use super::gib_s;
-use super::store::{expect_ok, id, open_store, record, task, StoreBenchConfig, StoreBenchError};
+use super::store::{
+    expect_ok, id, open_store, pattern_source, record, task, StoreBenchConfig, StoreBenchError,
+};
 
 fn open_tiered(
     dev: &Arc<HostDevice>,
@@ -145,18 +147,7 @@ fn run_size(
         bytes >> 20,
         urls.join(" then ")
     ));
-    let src = dev.alloc_device(bytes)?;
-    {
-        let host = dev.alloc_pinned(bytes)?;
-        let chunk = crate::device::conformance::pattern(13, 1 << 20);
-        for off in (0..bytes).step_by(1 << 20) {
-            let n = (1 << 20).min(bytes - off);
-            host.write_host(off, &chunk[..n])?;
-        }
-        let s = dev.create_stream()?;
-        dev.copy_async(&s, &CopyRun::new(&src, 0, &host, 0, bytes))?;
-        dev.synchronize_stream(&s)?;
-    }
+    let src = pattern_source(&dev, bytes, 13)?;
     let expected = host_copy(&dev, &src, bytes)?;
     let dst = dev.alloc_device(bytes)?;
     let ids: Vec<BlockId> = (0..blocks as u64).map(id).collect();

@@ -204,6 +204,16 @@ pub(crate) fn again(e: &StoreError) -> StoreError {
     }
 }
 
+/// What the storage gave for one block.
+enum Reply {
+    /// Not published.
+    Absent,
+    /// Published but not of its expected shape.
+    Damaged,
+    /// The header's bytes and each shard asked (`None`: missing).
+    Parts(Vec<u8>, Vec<Option<Vec<u8>>>),
+}
+
 /// A block store on shared remote storage (a Redis or Valkey cluster, an
 /// S3-compatible bucket).
 pub struct RemoteTier {
@@ -416,41 +426,38 @@ impl RemoteTier {
     /// [`RemoteTier::read_shards`] of many blocks in one batch. A storage
     /// failure fails every block of the call.
     pub fn read_many(&self, reqs: &[(BlockId, Vec<u32>)]) -> Vec<RemoteRead> {
-        if self.backend.layout() == Layout::Object {
-            return self.read_objects(reqs);
-        }
         let g = self.cfg.geometry;
-        let mut out: Vec<Option<RemoteRead>> = Vec::with_capacity(reqs.len());
-        let mut keys = Vec::new();
-        for (id, shards) in reqs {
-            if let Some(e) = shards.iter().find_map(|&s| g.check_shard(s).err()) {
-                out.push(Some(Err(e)));
-                continue;
-            }
-            keys.push(self.key(id, "pub"));
-            keys.extend(shards.iter().map(|s| self.key(id, &s.to_string())));
-            out.push(None);
-        }
-        if out.iter().all(Option::is_some) {
+        let out: Vec<Option<RemoteRead>> = reqs
+            .iter()
+            .map(|(_, shards)| shards.iter().find_map(|&s| g.check_shard(s).err()).map(Err))
+            .collect();
+        let wanted: Vec<(BlockId, &[u32])> = reqs
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| o.is_none())
+            .map(|((id, shards), _)| (*id, shards.as_slice()))
+            .collect();
+        if wanted.is_empty() {
             return out.into_iter().flatten().collect();
         }
-        let got = match self.failed(self.backend.get(&keys)) {
-            Ok(v) if v.len() == keys.len() => v,
-            Ok(_) => {
-                let e = StoreError::Config("remote read: a reply of the wrong length".into());
-                return out
-                    .into_iter()
-                    .map(|o| o.unwrap_or_else(|| Err(again(&e))))
-                    .collect();
-            }
-            Err(e) => {
+        let replies = match self.backend.layout() {
+            Layout::Keys => self.fetch_keys(&wanted),
+            Layout::Object => self.fetch_objects(&wanted),
+        };
+        let replies = match self.failed(replies) {
+            Ok(r) if r.len() == wanted.len() => r,
+            r => {
+                let e = match r {
+                    Err(e) => e,
+                    Ok(_) => StoreError::Config("remote read: a reply of the wrong length".into()),
+                };
                 return out
                     .into_iter()
                     .map(|o| o.unwrap_or_else(|| Err(again(&e))))
                     .collect();
             }
         };
-        let mut values = got.into_iter();
+        let mut replies = replies.into_iter();
         let mut damaged = Vec::new();
         let mut read = 0u64;
         let result = reqs
@@ -460,20 +467,22 @@ impl RemoteTier {
                 if let Some(r) = o {
                     return r;
                 }
-                let head = values.next().flatten();
-                let vals: Vec<Option<Vec<u8>>> = values.by_ref().take(shards.len()).collect();
-                let Some(head) = head else {
-                    return Ok(None);
+                let (head, vals) = match replies.next() {
+                    None | Some(Reply::Absent) => return Ok(None),
+                    Some(Reply::Damaged) => {
+                        damaged.push(*id);
+                        return Ok(None);
+                    }
+                    Some(Reply::Parts(head, vals)) => (head, vals),
                 };
-                let crcs = header::parse_header(g, id, &head);
-                let whole = crcs.as_ref().is_some_and(|crcs| {
-                    vals.len() == shards.len()
-                        && vals.iter().zip(shards).all(|(v, &s)| {
+                let whole = vals.len() == shards.len()
+                    && header::parse_header(g, id, &head).is_some_and(|crcs| {
+                        vals.iter().zip(shards).all(|(v, &s)| {
                             v.as_ref().is_some_and(|v| {
                                 v.len() == g.shard_bytes && crc32c::crc32c(v) == crcs[s as usize]
                             })
                         })
-                });
+                    });
                 if !whole {
                     damaged.push(*id);
                     return Ok(None);
@@ -494,85 +503,64 @@ impl RemoteTier {
         result
     }
 
-    /// [`RemoteTier::read_many`] on the object layout: per block, the
-    /// header's range and each shard's, checked the same way.
-    fn read_objects(&self, reqs: &[(BlockId, Vec<u32>)]) -> Vec<RemoteRead> {
+    /// The key layout: the header and the shards asked, one batch.
+    fn fetch_keys(&self, wanted: &[(BlockId, &[u32])]) -> Result<Vec<Reply>> {
+        let mut keys = Vec::new();
+        for (id, shards) in wanted {
+            keys.push(self.key(id, "pub"));
+            keys.extend(shards.iter().map(|s| self.key(id, &s.to_string())));
+        }
+        let got = self.backend.get(&keys)?;
+        if got.len() != keys.len() {
+            return Ok(Vec::new());
+        }
+        let mut values = got.into_iter();
+        Ok(wanted
+            .iter()
+            .map(|(_, shards)| {
+                let head = values.next().flatten();
+                let vals: Vec<Option<Vec<u8>>> = values.by_ref().take(shards.len()).collect();
+                match head {
+                    None => Reply::Absent,
+                    Some(h) => Reply::Parts(h, vals),
+                }
+            })
+            .collect())
+    }
+
+    /// The object layout: per block, the header's byte range and each
+    /// shard's, one batch.
+    fn fetch_objects(&self, wanted: &[(BlockId, &[u32])]) -> Result<Vec<Reply>> {
         let g = self.cfg.geometry;
         let hl = header::header_len(g) as u64;
         let sb = g.shard_bytes as u64;
         let expected = hl + sb * u64::from(g.shards_per_block);
-        let mut out: Vec<Option<RemoteRead>> = Vec::with_capacity(reqs.len());
-        let mut asked = Vec::new();
-        for (id, shards) in reqs {
-            if let Some(e) = shards.iter().find_map(|&s| g.check_shard(s).err()) {
-                out.push(Some(Err(e)));
-                continue;
-            }
-            let mut ranges = Vec::with_capacity(shards.len() + 1);
-            ranges.push(0..hl);
-            ranges.extend(shards.iter().map(|&s| {
-                let at = hl + sb * u64::from(s);
-                at..at + sb
-            }));
-            asked.push((self.key(id, "block"), ranges));
-            out.push(None);
-        }
-        if asked.is_empty() {
-            return out.into_iter().flatten().collect();
-        }
-        let got = match self.failed(self.backend.get_ranges(&asked, expected)) {
-            Ok(v) if v.len() == asked.len() => v,
-            r => {
-                let e = match r {
-                    Err(e) => e,
-                    Ok(_) => StoreError::Config("remote read: a reply of the wrong length".into()),
-                };
-                return out
-                    .into_iter()
-                    .map(|o| o.unwrap_or_else(|| Err(again(&e))))
-                    .collect();
-            }
-        };
-        let mut got = got.into_iter();
-        let mut damaged = Vec::new();
-        let mut read = 0u64;
-        let result = reqs
+        let asked: Vec<(String, Vec<std::ops::Range<u64>>)> = wanted
             .iter()
-            .zip(out)
-            .map(|((id, shards), o)| {
-                if let Some(r) = o {
-                    return r;
-                }
-                let parts = match got.next().flatten() {
-                    None => return Ok(None),
-                    Some(Err(_len)) => {
-                        damaged.push(*id);
-                        return Ok(None);
-                    }
-                    Some(Ok(p)) => p,
-                };
-                let whole = parts.len() == shards.len() + 1
-                    && header::parse_header(g, id, &parts[0]).is_some_and(|crcs| {
-                        parts[1..].iter().zip(shards).all(|(v, &s)| {
-                            v.len() == g.shard_bytes && crc32c::crc32c(v) == crcs[s as usize]
-                        })
-                    });
-                if !whole {
-                    damaged.push(*id);
-                    return Ok(None);
-                }
-                read += 1;
-                Ok(Some(parts.into_iter().skip(1).collect()))
+            .map(|(id, shards)| {
+                let mut ranges = Vec::with_capacity(shards.len() + 1);
+                ranges.push(0..hl);
+                ranges.extend(shards.iter().map(|&s| {
+                    let at = hl + sb * u64::from(s);
+                    at..at + sb
+                }));
+                (self.key(id, "block"), ranges)
             })
             .collect();
-        self.stats.read.fetch_add(read, Ordering::Relaxed);
-        if !damaged.is_empty() {
-            self.stats
-                .damaged
-                .fetch_add(damaged.len() as u64, Ordering::Relaxed);
-            let _ = self.delete(&damaged);
-        }
-        result
+        Ok(self
+            .backend
+            .get_ranges(&asked, expected)?
+            .into_iter()
+            .map(|r| match r {
+                None => Reply::Absent,
+                Some(Err(_size)) => Reply::Damaged,
+                Some(Ok(mut parts)) if !parts.is_empty() => {
+                    let head = parts.remove(0);
+                    Reply::Parts(head, parts.into_iter().map(Some).collect())
+                }
+                Some(Ok(_)) => Reply::Damaged,
+            })
+            .collect())
     }
 
     /// Deletes blocks: every header first, then the shards, so none is
