@@ -206,7 +206,7 @@ fn dump(stores: &StoreSet<HostDevice>, dev: &HostDevice, g: &Group, ids: &[Id]) 
     let store = stores
         .blocks(g.index)
         .ok_or_else(|| ExplainError::Scenario(format!("`{}` has no block store", g.name)))?;
-    let geo = store.disk().geometry();
+    let geo = store.geometry();
     let mem = buffer(dev, geo, g.index as u64)?;
     let missing: Vec<Id> = ids
         .iter()

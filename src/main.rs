@@ -134,6 +134,10 @@ struct ReplayArgs {
     /// (credentials from `AWS_*`; workload replays).
     #[arg(long)]
     cold: Option<String>,
+    /// No local disk tier: `--remote` and/or `--cold` are the persistent
+    /// tiers (diskless nodes).
+    #[arg(long)]
+    no_disk: bool,
     /// Run N engine instances (processes with their own pools, schedulers
     /// and checkpoint directories) over one shared configuration: one store
     /// directory, or with `--remote` own disks and one cluster; `ucm` mode
@@ -528,6 +532,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         sabotage: a.sabotage,
         remote: a.remote.clone(),
         cold: a.cold.clone(),
+        no_disk: a.no_disk,
         instance: None,
     };
     if let (Some(index), Some(count), Some(dir)) = (a.instance, a.instance_count, &a.instance_dir) {
@@ -749,8 +754,10 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     use ucm::replay::sim::{self, report, SimConfig, SimMode};
     use ucm::replay::trace;
     let file = a.trace.clone().unwrap_or_default();
-    if a.remote.is_some() || a.cold.is_some() {
-        return Err("--remote and --cold apply to workload replays, not to --trace".into());
+    if a.remote.is_some() || a.cold.is_some() || a.no_disk {
+        return Err(
+            "--remote, --cold and --no-disk apply to workload replays, not to --trace".into(),
+        );
     }
     if a.instances != 1 {
         return Err("--instances applies to workload replays, not to --trace".into());

@@ -55,7 +55,7 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("--remote and --cold apply to workload replays"));
+        .contains("--remote, --cold and --no-disk apply to workload replays"));
 }
 
 #[test]
@@ -117,4 +117,34 @@ fn instances_with_their_own_disks_share_through_a_cold_bucket() {
     assert_eq!(v["wrong_hits"], 0, "{v}");
     assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
     assert!(!srv.keys("replay/ucm/").is_empty());
+}
+
+#[test]
+fn diskless_instances_share_through_the_cluster_alone() {
+    let Some(c) = Cluster::start(3) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["replay", "--sessions", "4", "--turns", "3", "--no-disk"])
+        .args(["--instances", "2", "--json", "--remote", &c.url(), "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["wrong_hits"], 0, "{v}");
+    assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+    // Without a tier, --no-disk is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["replay", "--no-disk", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a remote or a cold tier"));
 }

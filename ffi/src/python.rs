@@ -162,9 +162,10 @@ impl PyCache {
     /// Opens the cache of `spec` under `dir`; `remote` (a Redis or Valkey
     /// cluster, `redis://host:port,...`) and `cold` (an S3 bucket,
     /// `s3://bucket/prefix?endpoint=...`) are tiers below the disk shared
-    /// with other instances.
+    /// with other instances; `no_disk` makes them the persistent tiers
+    /// instead of a local disk.
     #[new]
-    #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2, remote=None, cold=None))]
+    #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2, remote=None, cold=None, no_disk=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &PySpec,
@@ -176,6 +177,7 @@ impl PyCache {
         workers: usize,
         remote: Option<String>,
         cold: Option<String>,
+        no_disk: bool,
     ) -> PyResult<Self> {
         let mut o = CacheOptions::new(dir);
         o.tp_size = tp_size;
@@ -184,6 +186,7 @@ impl PyCache {
         o.store.workers = workers;
         o.store.remote = remote;
         o.store.cold = cold;
+        o.store.no_disk = no_disk;
         o.lookahead = lookahead;
         Ok(PyCache(Cache::open(spec.0.clone(), o).map_err(err)?))
     }

@@ -88,6 +88,8 @@ def test_remote_and_cold_tier_urls_are_checked_at_open(tmp_path):
     for kw in ({"remote": "ftp://host:1"}, {"remote": "redis://nohostport"}, {"cold": "s3://AB"}):
         with pytest.raises(Exception, match="URL"):
             ucm.Cache(spec, str(tmp_path / "store"), **kw)
+    with pytest.raises(Exception, match="needs a remote or a cold tier"):
+        ucm.Cache(spec, str(tmp_path / "store"), no_disk=True)
     # Well-formed URLs open (nothing is contacted until a store opens).
     ucm.Cache(spec, str(tmp_path / "store"), remote="redis://127.0.0.1:1", cold="s3://bucket/p")
 

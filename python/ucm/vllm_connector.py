@@ -15,8 +15,8 @@ derived from vLLM's ``KVCacheConfig``), ``model_id`` (the model's name in
 the hashes; default: vLLM's model path), ``pool_bytes``, ``disk_blocks``,
 ``lookahead``, ``remote`` (a Redis or Valkey cluster below the disk,
 ``redis://host:port,...``; or ``UCM_REMOTE``), ``cold`` (an S3 bucket below
-that, ``s3://bucket/prefix?endpoint=...``; or ``UCM_COLD``), and, for tests
-only, ``sabotage``.
+that, ``s3://bucket/prefix?endpoint=...``; or ``UCM_COLD``), ``no_disk``
+(those tiers instead of a local disk), and, for tests only, ``sabotage``.
 
 Every hook calls the Rust adapter. The scheduler side resolves hits and
 builds each step's metadata (bytes, so it can cross to worker processes);
@@ -79,6 +79,7 @@ def shared_cache(spec_toml: str, directory: str, tp_size: int, opts: dict) -> An
                 lookahead=int(opts.get("lookahead", 2)),
                 remote=opts.get("remote") or os.environ.get("UCM_REMOTE") or None,
                 cold=opts.get("cold") or os.environ.get("UCM_COLD") or None,
+                no_disk=bool(opts.get("no_disk", False)),
             )
             _CACHES[key] = c
         return c

@@ -473,7 +473,10 @@ fn run_lookups(
     // from the files, each round in a store opened afresh; against raw
     // stats of the same files.
     let mut st = open_store(&dev, &dir, geo, 64, kind)?;
-    let paths: Vec<PathBuf> = ids.iter().map(|i| st.disk().path_of(i)).collect();
+    let disk = st
+        .disk()
+        .ok_or_else(|| StoreBenchError::Other("the lookup bench needs a disk tier".into()))?;
+    let paths: Vec<PathBuf> = ids.iter().map(|i| disk.path_of(i)).collect();
     let (mut ours, mut limit) = (0f64, 0f64);
     let (mut hits, mut base_hits) = (0, 0);
     for round in 0..5 {

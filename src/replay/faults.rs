@@ -174,7 +174,8 @@ impl Faults {
                 let removed = engine
                     .stores()
                     .tier(group)
-                    .map_or(0, |t| t.disk().evict_all());
+                    .and_then(|t| t.disk())
+                    .map_or(0, |d| d.evict_all());
                 f.fired = removed > 0;
                 f.storm = Some((group, before, stored_prefix(engine, group, req)?));
             }

@@ -349,6 +349,13 @@ pub fn render(r: &InstancesReport) -> String {
          instance's own earlier requests could give",
         r.checked_items, r.lost_saves
     );
+    if r.hit_rate > 1.0 {
+        let _ = writeln!(
+            s,
+            "a hit rate above 100%: the shared tiers already held blocks of an earlier run \
+             (ids are content addresses; every loaded byte was checked)"
+        );
+    }
     s
 }
 

@@ -119,6 +119,8 @@ pub struct ReplayConfig {
     pub remote: Option<String>,
     /// An S3 bucket below that: the cold tier (`s3://...`).
     pub cold: Option<String>,
+    /// No local disk tier: the remote tiers instead.
+    pub no_disk: bool,
     /// `Some`: this process is one of several engine instances of
     /// `ucm replay --instances N` (see [`instances`]).
     pub instance: Option<instances::InstanceRole>,
@@ -144,6 +146,7 @@ impl Default for ReplayConfig {
             sabotage: None,
             remote: None,
             cold: None,
+            no_disk: false,
             instance: None,
         }
     }
@@ -210,6 +213,7 @@ fn engine_config(
         ways: 64,
         remote: cfg.remote.clone(),
         cold: cfg.cold.clone(),
+        no_disk: cfg.no_disk,
         ..StoreSetConfig::default()
     };
     e.tp = cfg.tp;
@@ -443,6 +447,11 @@ fn prepare(cfg: &ReplayConfig) -> Result<Ctx> {
             "--faults {} is not a probability",
             cfg.faults
         )));
+    }
+    if cfg.faults > 0.0 && cfg.no_disk {
+        return Err(ReplayError::Config(
+            "--faults injects disk faults; it does not combine with --no-disk".into(),
+        ));
     }
     if cfg.faults > 0.0 && !cfg!(feature = "failpoints") {
         return Err(ReplayError::Config(

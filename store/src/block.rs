@@ -71,11 +71,11 @@ pub enum ItemOutcome {
 /// Durability of one block of a dump task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Durability {
-    /// On disk.
+    /// On disk (for a store without a disk: in its nearest remote tier).
     Durable,
     /// Not all shards of the block have been dumped yet.
     Incomplete,
-    /// The disk write failed after its retries.
+    /// The disk (or nearest tier's) write failed after its retries.
     Failed(Failure),
 }
 
@@ -375,8 +375,9 @@ struct Inner<D: Device> {
     // Declared before `pool`: the registration ends before the mapping goes.
     pool_mem: Memory,
     pool: ClockPool,
-    disk: DiskTier,
-    /// A shared tier below the disk (a Redis or Valkey cluster), if any.
+    /// `None`: the remote tiers are the store's persistent tiers
+    /// ([`TieredBlockStore::without_disk`]).
+    disk: Option<DiskTier>,
     /// The tiers below the disk, nearest first (a cluster, a cold bucket).
     remotes: Vec<RemoteTier>,
     geo: Geometry,
@@ -432,9 +433,38 @@ impl<D: Device> TieredBlockStore<D> {
         cfg: BlockStoreConfig,
     ) -> Result<Self> {
         let geo = disk.geometry();
+        Self::build(dev, pool, Some(disk), geo, remotes, cfg)
+    }
+
+    /// A store whose persistent tiers are remote tiers only, instead of a
+    /// local disk (diskless nodes): a dump is durable once the nearest tier
+    /// stored it (retried like a disk write), then it is written to the
+    /// others; loads read from the tiers in turn. There is no local GC:
+    /// capacity is the servers' (Redis's `maxmemory` policy, a bucket's
+    /// lifecycle rules), and what they drop is a miss.
+    pub fn without_disk(
+        dev: Arc<D>,
+        pool: ClockPool,
+        remotes: Vec<RemoteTier>,
+        cfg: BlockStoreConfig,
+    ) -> Result<Self> {
+        let geo = remotes.first().map(RemoteTier::geometry).ok_or_else(|| {
+            StoreError::Config("a store without a disk needs a remote tier".into())
+        })?;
+        Self::build(dev, pool, None, geo, remotes, cfg)
+    }
+
+    fn build(
+        dev: Arc<D>,
+        pool: ClockPool,
+        disk: Option<DiskTier>,
+        geo: Geometry,
+        remotes: Vec<RemoteTier>,
+        cfg: BlockStoreConfig,
+    ) -> Result<Self> {
         if let Some(r) = remotes.iter().find(|r| r.geometry() != geo) {
             return Err(StoreError::Config(format!(
-                "a remote tier's geometry ({}) is not the disk tier's ({})",
+                "a remote tier's geometry ({}) is not the store's ({})",
                 r.geometry().describe(),
                 geo.describe()
             )));
@@ -507,16 +537,21 @@ impl<D: Device> TieredBlockStore<D> {
         &self.inner.stats
     }
 
-    /// The disk tier.
-    pub fn disk(&self) -> &DiskTier {
-        &self.inner.disk
+    /// The disk tier (`None` for a store [`without_disk`](Self::without_disk)).
+    pub fn disk(&self) -> Option<&DiskTier> {
+        self.inner.disk.as_ref()
+    }
+
+    /// The store's geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.inner.geo
     }
 
     /// Whether one shard of `block` is held by a tier: in the pool, or on
     /// disk as part of its whole block file. Presence only (no read).
     pub fn holds(&self, block: &BlockId, shard: u32) -> bool {
         self.inner.pool.contains(&(*block, shard))
-            || self.inner.disk.exists(block)
+            || self.inner.disk.as_ref().is_some_and(|d| d.exists(block))
             || self.inner.remotes.iter().any(|r| r.lookup(&[*block])[0])
     }
 
@@ -741,7 +776,9 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
                 self.inner.pool.touch(&(*id, s));
             }
         }
-        self.inner.disk.touch(ids);
+        if let Some(d) = &self.inner.disk {
+            d.touch(ids);
+        }
     }
 
     fn failures(&self) -> Vec<DumpFailure> {
@@ -752,7 +789,7 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
 impl<D: Device> Inner<D> {
     fn present(&self, id: &BlockId) -> bool {
         (0..self.geo.shards_per_block).all(|s| self.pool.contains(&(*id, s)))
-            || self.disk.exists(id)
+            || self.disk.as_ref().is_some_and(|d| d.exists(id))
     }
 
     /// Queues `runs` on `stream` as one batch and waits for them.
@@ -798,7 +835,10 @@ impl<D: Device> Inner<D> {
                 .iter_mut()
                 .map(|(_, block, g)| (*block, vec![(shard, g.io_buf())]))
                 .collect();
-            reads.extend(self.disk.read_many_in(session, reqs));
+            match &self.disk {
+                Some(d) => reads.extend(d.read_many_in(session, reqs)),
+                None => reads.extend(chunk.iter().map(|_| Ok(None))),
+            }
         }
         // The disk's misses, from the tiers below in turn, one batch each.
         let mut remote: Vec<Option<RemoteRead>> = (0..loads.len()).map(|_| None).collect();
@@ -1107,17 +1147,34 @@ impl<D: Device> Inner<D> {
                     .write_retries
                     .fetch_add(todo.len() as u64, Ordering::Relaxed);
             }
-            // Written straight from the pinned slots.
-            let batch: Vec<(BlockId, Vec<IoBuf>)> = todo
-                .iter()
-                .map(|(b, pins)| (*b, pins.iter().map(SlotRef::io_buf).collect()))
-                .collect();
-            // Batches of bounded size keep the open temporary files bounded.
             let mut outcomes: HashMap<BlockId, Result<()>> = HashMap::new();
-            let mut batch = batch.into_iter().peekable();
-            while batch.peek().is_some() {
-                let chunk: Vec<_> = batch.by_ref().take(IO_BATCH_BLOCKS).collect();
-                outcomes.extend(self.disk.write_blocks(chunk));
+            match &self.disk {
+                Some(disk) => {
+                    // Written straight from the pinned slots.
+                    let batch: Vec<(BlockId, Vec<IoBuf>)> = todo
+                        .iter()
+                        .map(|(b, pins)| (*b, pins.iter().map(SlotRef::io_buf).collect()))
+                        .collect();
+                    // Batches of bounded size keep the open temporary files
+                    // bounded.
+                    let mut batch = batch.into_iter().peekable();
+                    while batch.peek().is_some() {
+                        let chunk: Vec<_> = batch.by_ref().take(IO_BATCH_BLOCKS).collect();
+                        outcomes.extend(disk.write_blocks(chunk));
+                    }
+                }
+                None => {
+                    // No disk: the nearest tier is the durable write.
+                    if let Some(r) = self.remotes.first() {
+                        for chunk in todo.chunks(REMOTE_BATCH_BLOCKS) {
+                            let blocks: Vec<(BlockId, Vec<&[u8]>)> = chunk
+                                .iter()
+                                .map(|(b, pins)| (*b, pins.iter().map(SlotRef::data).collect()))
+                                .collect();
+                            outcomes.extend(r.write_blocks(&blocks));
+                        }
+                    }
+                }
             }
             let mut again = Vec::new();
             let mut written = Vec::new();
@@ -1128,14 +1185,21 @@ impl<D: Device> Inner<D> {
                         written.push((b, pins));
                     }
                     Some(Err(e)) if attempt + 1 == self.cfg.write_attempts => {
-                        self.give_up(&b, &pins, Failure::from_store(e, "disk write"), &mut result);
+                        let what = if self.disk.is_some() {
+                            "disk write"
+                        } else {
+                            "remote write"
+                        };
+                        self.give_up(&b, &pins, Failure::from_store(e, what), &mut result);
                     }
                     _ => again.push((b, pins)),
                 }
             }
-            // Durable on disk; then each tier below, one batch per tier (a
-            // failure there is the tier's, counted in its stats).
-            for r in &self.remotes {
+            // Durable on disk (or in the nearest tier, without a disk); then
+            // each tier below, one batch per tier (a failure there is the
+            // tier's, counted in its stats).
+            let below = usize::from(self.disk.is_none());
+            for r in self.remotes.iter().skip(below) {
                 for chunk in written.chunks(REMOTE_BATCH_BLOCKS) {
                     let blocks: Vec<(BlockId, Vec<&[u8]>)> = chunk
                         .iter()

@@ -70,7 +70,7 @@ pub trait SnapshotStore<D: Device> {
     fn donate(&self, leases: Vec<Lease<'_>>) -> Vec<(BlockId, Durability)>;
     /// Is every layer of the checkpoint present?
     fn exists(&self, key: &SnapshotKey) -> bool;
-    /// The prefix hashes of the checkpoints on disk.
+    /// The prefix hashes of the checkpoints on disk (none without a disk).
     fn enumerate(&self) -> Vec<BlockId>;
 }
 
@@ -94,7 +94,7 @@ impl<D: Device> TieredSnapshotStore<D> {
 
     /// The instance's geometry.
     pub fn geometry(&self) -> Geometry {
-        self.blocks.disk().geometry()
+        self.blocks.geometry()
     }
 
     /// The underlying block store (counters, tiers).
@@ -156,6 +156,11 @@ impl<D: Device> SnapshotStore<D> for TieredSnapshotStore<D> {
     }
 
     fn enumerate(&self) -> Vec<BlockId> {
-        self.blocks.disk().enumerate()
+        // Without a disk, nothing to enumerate: the directory asks the
+        // tiers for each candidate instead (its source).
+        self.blocks
+            .disk()
+            .map(|d| d.enumerate())
+            .unwrap_or_default()
     }
 }

@@ -274,6 +274,7 @@ fn dump_512_by_32(shard_bytes: usize, headroom: usize) {
     for &b in &blocks {
         let bufs = st
             .disk()
+            .unwrap()
             .read_shards(&id(b), &all)
             .unwrap()
             .expect("on disk");
@@ -295,7 +296,7 @@ fn a_block_with_shards_missing_is_incomplete_not_durable() {
     let t = st.dump(items(GEO, &[5], &src, 0..2), None).unwrap();
     assert!(all_ok(&t.wait()));
     assert_eq!(t.wait_durable(), [(id(5), Durability::Incomplete)]);
-    assert!(!st.disk().exists(&id(5)));
+    assert!(!st.disk().unwrap().exists(&id(5)));
     // The layer-by-layer rest arrives: now the block is written.
     let t = st.dump(items(GEO, &[5], &src, 2..4), None).unwrap();
     assert_eq!(t.wait_durable(), [(id(5), Durability::Durable)]);
@@ -421,7 +422,7 @@ fn injected_faults_end_as_the_design_says() {
     drop(st);
     let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
     let dst = dev.alloc_device(3 * 4 * 4096).unwrap();
-    let path3 = st.disk().path_of(&id(3));
+    let path3 = st.disk().unwrap().path_of(&id(3));
     {
         let _bad = faults::inject(FaultRule::errno(&path3, FaultOp::Read, libc::EIO));
         let outs = st.load(items(GEO, &[3], &dst, 0..4)).unwrap().wait();
@@ -633,7 +634,7 @@ fn gc_under_concurrent_loads_corrupts_no_load() {
                     .dump(items_of(GEO, blocks, chunk, src, 0..4), None)
                     .unwrap();
                 t.wait_durable();
-                st.disk().gc();
+                st.disk().unwrap().gc();
             }
         });
         for _ in 0..2 {

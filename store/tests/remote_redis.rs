@@ -417,3 +417,119 @@ mod store {
         assert!(outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok));
     }
 }
+
+mod diskless {
+    //! A store without a disk tier: the cluster is its persistent tier.
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{common, id, shard, Cluster, GEO};
+    use ucm_device::{Device, HostDevice};
+    use ucm_store::pool::PoolMode;
+    use ucm_store::{
+        BlockStore, BlockStoreConfig, ClockPool, Durability, ItemOutcome, PoolConfig, RemoteConfig,
+        RemoteTier, StoreError, TieredBlockStore,
+    };
+
+    fn instance(dev: &Arc<HostDevice>, url: &str) -> TieredBlockStore<HostDevice> {
+        let pool = ClockPool::open(PoolConfig {
+            shard_bytes: GEO.shard_bytes,
+            slots: 64,
+            ways: 16,
+            mode: PoolMode::Private,
+            load_timeout: Duration::from_secs(1),
+            dirty_timeout: Duration::from_secs(60),
+        })
+        .unwrap();
+        let mut rc = RemoteConfig::from_url(url, "diskless", GEO).unwrap();
+        rc.timeout = Duration::from_millis(800);
+        TieredBlockStore::without_disk(
+            Arc::clone(dev),
+            pool,
+            vec![RemoteTier::new(rc).unwrap()],
+            BlockStoreConfig {
+                write_attempts: 2,
+                ..BlockStoreConfig::default()
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_store_without_a_disk_is_durable_in_the_cluster_and_fails_without_it() {
+        let Some(mut c) = Cluster::start(3) else {
+            return;
+        };
+        let dev = Arc::new(HostDevice::new());
+        let a = instance(&dev, &c.url());
+        assert!(a.disk().is_none());
+        for n in 0..4 {
+            let d = common::device_block(&dev, GEO, |s| shard(n, s));
+            let t = a.dump(common::items(id(n), GEO, &d), None).unwrap();
+            assert!(t.wait().iter().all(|(_, _, o)| *o == ItemOutcome::Ok));
+            assert!(t
+                .wait_durable()
+                .iter()
+                .all(|(_, d)| *d == Durability::Durable));
+        }
+        // Another diskless instance loads every byte from the cluster.
+        let b = instance(&dev, &c.url());
+        let ids: Vec<_> = (0..5).map(id).collect();
+        assert_eq!(b.lookup(&ids), vec![true, true, true, true, false]);
+        let len = GEO.shard_bytes * GEO.shards_per_block as usize;
+        let dst = dev.alloc_device(len).unwrap();
+        for n in 0..4 {
+            let outs = b.load(common::items(id(n), GEO, &dst)).unwrap().wait();
+            assert!(
+                outs.iter().all(|(_, _, o)| *o == ItemOutcome::Ok),
+                "{outs:?}"
+            );
+            let got = common::read_device(&dev, &dst, len);
+            for s in 0..GEO.shards_per_block {
+                let at = s as usize * GEO.shard_bytes;
+                assert!(
+                    got[at..at + GEO.shard_bytes] == shard(n, s)[..],
+                    "WRONG: {n}/{s}"
+                );
+            }
+        }
+        // The cluster gone: a dump is not durable, and says why.
+        for i in 0..3 {
+            c.kill(i);
+        }
+        let d = common::device_block(&dev, GEO, |s| shard(9, s));
+        let t = a.dump(common::items(id(9), GEO, &d), None).unwrap();
+        t.wait();
+        let durability = t.wait_durable();
+        assert!(
+            durability.iter().all(|(_, d)| *d != Durability::Durable),
+            "{durability:?}"
+        );
+        assert!(
+            a.stats()
+                .write_failures
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 1
+        );
+        // No tier at all is refused.
+        let pool = ClockPool::open(PoolConfig {
+            shard_bytes: GEO.shard_bytes,
+            slots: 8,
+            ways: 8,
+            mode: PoolMode::Private,
+            load_timeout: Duration::from_secs(1),
+            dirty_timeout: Duration::from_secs(60),
+        })
+        .unwrap();
+        assert!(matches!(
+            TieredBlockStore::without_disk(
+                Arc::clone(&dev),
+                pool,
+                vec![],
+                BlockStoreConfig::default()
+            ),
+            Err(StoreError::Config(_))
+        ));
+    }
+}

@@ -279,6 +279,7 @@ fn shared_dir_child() {
     }
     let deleted = st
         .disk()
+        .unwrap()
         .stats()
         .gc_deleted
         .load(std::sync::atomic::Ordering::Relaxed);

@@ -122,6 +122,7 @@ fn put_get_round_trip_and_copy_on_write() {
     let disk = st
         .blocks()
         .disk()
+        .unwrap()
         .read_shards(&key(2304).hash, &[0, 1, 2])
         .unwrap()
         .expect("on disk");

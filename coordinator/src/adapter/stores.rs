@@ -47,6 +47,10 @@ pub struct StoreSetConfig {
     /// An S3-compatible bucket below that (or below the disk tier when
     /// there is no cluster): the cold tier (`s3://bucket[/prefix]?...`).
     pub cold: Option<String>,
+    /// No local disk tier: `remote` and/or `cold` are the persistent tiers
+    /// (diskless nodes). A dump is durable once the nearest of them holds
+    /// it; capacity is the servers' own.
+    pub no_disk: bool,
 }
 
 impl Default for StoreSetConfig {
@@ -61,6 +65,7 @@ impl Default for StoreSetConfig {
             engine: IoEngineKind::Auto,
             remote: None,
             cold: None,
+            no_disk: false,
         }
     }
 }
@@ -75,6 +80,12 @@ impl StoreSetConfig {
         };
         for url in self.remote.iter().chain(&self.cold) {
             RemoteConfig::from_url(url, "check", probe)?;
+        }
+        if self.no_disk && self.remote.is_none() && self.cold.is_none() {
+            return Err(ucm_store::StoreError::Config(
+                "a store without a disk tier needs a remote or a cold tier".into(),
+            )
+            .into());
         }
         Ok(())
     }
@@ -156,6 +167,7 @@ impl<D: Device> StoreSet<D> {
         dev: Arc<D>,
         cfg: &StoreSetConfig,
     ) -> Result<Self> {
+        cfg.validate()?;
         if let Some(p) = &cfg.shared {
             ucm_store::paths::check_name("shared pool prefix", p)
                 .map_err(ucm_store::StoreError::Config)?;
@@ -201,10 +213,6 @@ impl<D: Device> StoreSet<D> {
                 load_timeout: Duration::from_secs(5),
                 dirty_timeout: Duration::from_secs(60),
             })?;
-            let disk = DiskTier::open(
-                DiskConfig::new(dir.join(&g.name), geo, cfg.disk_blocks),
-                Arc::clone(&engine),
-            )?;
             let bcfg = BlockStoreConfig {
                 workers: cfg.workers.max(1),
                 ..BlockStoreConfig::default()
@@ -217,7 +225,15 @@ impl<D: Device> StoreSet<D> {
                     geo,
                 )?)?);
             }
-            let blocks = TieredBlockStore::with_tiers(Arc::clone(&dev), pool, disk, below, bcfg)?;
+            let blocks = if cfg.no_disk {
+                TieredBlockStore::without_disk(Arc::clone(&dev), pool, below, bcfg)?
+            } else {
+                let disk = DiskTier::open(
+                    DiskConfig::new(dir.join(&g.name), geo, cfg.disk_blocks),
+                    Arc::clone(&engine),
+                )?;
+                TieredBlockStore::with_tiers(Arc::clone(&dev), pool, disk, below, bcfg)?
+            };
             sizes.insert(g.index, shard);
             if g.kind == Kind::Snapshot {
                 snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));
@@ -301,7 +317,11 @@ impl<D: Device> StoreSet<D> {
     pub fn group_counters(&self, group: usize) -> Option<GroupCounters> {
         use std::sync::atomic::Ordering::Relaxed;
         let t = self.tier(group)?;
-        let (st, disk) = (t.stats(), t.disk().stats());
+        let st = t.stats();
+        let (disk_evictions, corrupt_shards) = t.disk().map_or((0, 0), |d| {
+            let ds = d.stats();
+            (ds.gc_deleted.load(Relaxed), ds.corrupt_shards.load(Relaxed))
+        });
         Some(GroupCounters {
             shard_bytes: self.shard_bytes(group) as u64,
             pool_hits: st.pool_hits.load(Relaxed),
@@ -310,8 +330,8 @@ impl<D: Device> StoreSet<D> {
             failed_items: st.failed_items.load(Relaxed),
             blocks_written: st.blocks_written.load(Relaxed),
             write_failures: st.write_failures.load(Relaxed),
-            disk_evictions: disk.gc_deleted.load(Relaxed),
-            corrupt_shards: disk.corrupt_shards.load(Relaxed),
+            disk_evictions,
+            corrupt_shards,
         })
     }
 
