@@ -58,14 +58,18 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .contains("--remote, --cold and --no-disk apply to workload replays"));
 }
 
-#[test]
-fn instances_with_their_own_disks_share_through_the_cluster() {
-    let Some(c) = Cluster::start(3) else { return };
+/// `ucm replay --instances 2 --json` with `args` (the tiers), in a fresh
+/// directory: the report, after checking that it succeeded, shared through
+/// the tiers, served no wrong byte and hit another instance's work.
+fn instances_through(args: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["replay", "--sessions", "4", "--turns", "3"])
-        .args(["--instances", "2", "--json", "--remote", &c.url(), "--dir"])
+        .env("AWS_ACCESS_KEY_ID", "ucm-test")
+        .env("AWS_SECRET_ACCESS_KEY", "ucm-test")
+        .args(["replay", "--instances", "2", "--json", "--turns", "3"])
+        .args(args)
+        .arg("--dir")
         .arg(dir.path())
         .output()
         .unwrap();
@@ -77,9 +81,17 @@ fn instances_with_their_own_disks_share_through_the_cluster() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["sharing"], "remote");
     assert_eq!(v["wrong_hits"], 0, "{v}");
-    // Disks are per instance: what one serves from the other's work came
-    // through the cluster, states included (a hit needs one on this model).
+    // Disks are per instance (or absent): what one serves from the other's
+    // work came through the tiers, states included (a hit needs one on
+    // this model).
     assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+    v
+}
+
+#[test]
+fn instances_with_their_own_disks_share_through_the_cluster() {
+    let Some(c) = Cluster::start(3) else { return };
+    instances_through(&["--sessions", "4", "--remote", &c.url()]);
 }
 
 #[path = "../store/tests/s3_server/mod.rs"]
@@ -90,55 +102,16 @@ fn instances_with_their_own_disks_share_through_a_cold_bucket() {
     let Some(srv) = s3_server::S3Server::start() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("AWS_ACCESS_KEY_ID", "ucm-test")
-        .env("AWS_SECRET_ACCESS_KEY", "ucm-test")
-        .args(["replay", "--sessions", "2", "--turns", "3"])
-        .args([
-            "--instances",
-            "2",
-            "--json",
-            "--cold",
-            &srv.url("replay"),
-            "--dir",
-        ])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["sharing"], "remote");
-    assert_eq!(v["wrong_hits"], 0, "{v}");
-    assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+    instances_through(&["--sessions", "2", "--cold", &srv.url("replay")]);
     assert!(!srv.keys("replay/ucm/").is_empty());
 }
 
 #[test]
 fn diskless_instances_share_through_the_cluster_alone() {
     let Some(c) = Cluster::start(3) else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["replay", "--sessions", "4", "--turns", "3", "--no-disk"])
-        .args(["--instances", "2", "--json", "--remote", &c.url(), "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["wrong_hits"], 0, "{v}");
-    assert!(v["from_other_instances"].as_u64().unwrap() > 0, "{v}");
+    instances_through(&["--sessions", "4", "--no-disk", "--remote", &c.url()]);
     // Without a tier, --no-disk is refused.
+    let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["replay", "--no-disk", "--dir"])

@@ -11,60 +11,14 @@ mod redis_cluster;
 
 use std::time::{Duration, Instant};
 
+use common::remote::{hex, id, read_checked, shard, write, GEO};
 use redis_cluster::Cluster;
 use ucm_store::{BlockId, Geometry, RemoteConfig, RemoteTier, StoreError};
-
-const GEO: Geometry = Geometry {
-    shard_bytes: 4096,
-    shards_per_block: 4,
-};
-
-fn id(n: u64) -> BlockId {
-    let mut b = [0u8; 16];
-    b[..8].copy_from_slice(&n.to_le_bytes());
-    b[8] = 0x5a;
-    b
-}
-
-/// The bytes of shard `s` of block `n`.
-fn shard(n: u64, s: u32) -> Vec<u8> {
-    (0..GEO.shard_bytes)
-        .map(|i| (n.wrapping_mul(31) ^ (u64::from(s) * 7) ^ i as u64) as u8)
-        .collect()
-}
 
 fn tier(url: &str, ns: &str) -> RemoteTier {
     let mut cfg = RemoteConfig::from_url(url, ns, GEO).unwrap();
     cfg.timeout = Duration::from_millis(800);
     RemoteTier::new(cfg).unwrap()
-}
-
-fn write(t: &RemoteTier, ns: impl IntoIterator<Item = u64>) -> Vec<Result<(), StoreError>> {
-    let data: Vec<(u64, Vec<Vec<u8>>)> = ns
-        .into_iter()
-        .map(|n| (n, (0..GEO.shards_per_block).map(|s| shard(n, s)).collect()))
-        .collect();
-    let blocks: Vec<(BlockId, Vec<&[u8]>)> = data
-        .iter()
-        .map(|(n, v)| (id(*n), v.iter().map(Vec::as_slice).collect()))
-        .collect();
-    t.write_blocks(&blocks)
-        .into_iter()
-        .map(|(_, r)| r)
-        .collect()
-}
-
-/// Reads block `n` whole; panics on wrong bytes.
-fn read_checked(t: &RemoteTier, n: u64) -> Result<Option<()>, StoreError> {
-    let all: Vec<u32> = (0..GEO.shards_per_block).collect();
-    Ok(t.read_shards(&id(n), &all)?.map(|v| {
-        for (s, got) in v.iter().enumerate() {
-            assert!(
-                *got == shard(n, s as u32),
-                "WRONG BYTES: block {n} shard {s}"
-            );
-        }
-    }))
 }
 
 #[test]
@@ -108,10 +62,6 @@ fn two_instances_share_blocks_through_the_cluster() {
         .lookup(&ids)
         .iter()
         .any(|&x| x));
-}
-
-fn hex(b: &BlockId) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[test]
@@ -314,10 +264,9 @@ mod store {
 
     use super::{common, id, shard, Cluster, GEO};
     use ucm_device::{Device, HostDevice, IoEngineConfig, IoEngineKind};
-    use ucm_store::pool::PoolMode;
     use ucm_store::{
-        BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, ItemOutcome, PoolConfig,
-        RemoteConfig, RemoteTier, TieredBlockStore,
+        BlockStore, BlockStoreConfig, DiskConfig, DiskTier, ItemOutcome, RemoteConfig, RemoteTier,
+        TieredBlockStore,
     };
 
     fn instance(
@@ -325,15 +274,7 @@ mod store {
         dir: &std::path::Path,
         url: &str,
     ) -> TieredBlockStore<HostDevice> {
-        let pool = ClockPool::open(PoolConfig {
-            shard_bytes: GEO.shard_bytes,
-            slots: 64,
-            ways: 16,
-            mode: PoolMode::Private,
-            load_timeout: Duration::from_secs(1),
-            dirty_timeout: Duration::from_secs(60),
-        })
-        .unwrap();
+        let pool = common::remote::pool(64);
         let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
         let disk = DiskTier::open(DiskConfig::new(dir, GEO, 1 << 16), engine).unwrap();
         let mut rc = RemoteConfig::from_url(url, "store", GEO).unwrap();
@@ -426,22 +367,13 @@ mod diskless {
 
     use super::{common, id, shard, Cluster, GEO};
     use ucm_device::{Device, HostDevice};
-    use ucm_store::pool::PoolMode;
     use ucm_store::{
-        BlockStore, BlockStoreConfig, ClockPool, Durability, ItemOutcome, PoolConfig, RemoteConfig,
-        RemoteTier, StoreError, TieredBlockStore,
+        BlockStore, BlockStoreConfig, Durability, ItemOutcome, RemoteConfig, RemoteTier,
+        StoreError, TieredBlockStore,
     };
 
     fn instance(dev: &Arc<HostDevice>, url: &str) -> TieredBlockStore<HostDevice> {
-        let pool = ClockPool::open(PoolConfig {
-            shard_bytes: GEO.shard_bytes,
-            slots: 64,
-            ways: 16,
-            mode: PoolMode::Private,
-            load_timeout: Duration::from_secs(1),
-            dirty_timeout: Duration::from_secs(60),
-        })
-        .unwrap();
+        let pool = common::remote::pool(64);
         let mut rc = RemoteConfig::from_url(url, "diskless", GEO).unwrap();
         rc.timeout = Duration::from_millis(800);
         TieredBlockStore::without_disk(
@@ -513,15 +445,7 @@ mod diskless {
                 >= 1
         );
         // No tier at all is refused.
-        let pool = ClockPool::open(PoolConfig {
-            shard_bytes: GEO.shard_bytes,
-            slots: 8,
-            ways: 8,
-            mode: PoolMode::Private,
-            load_timeout: Duration::from_secs(1),
-            dirty_timeout: Duration::from_secs(60),
-        })
-        .unwrap();
+        let pool = common::remote::pool(8);
         assert!(matches!(
             TieredBlockStore::without_disk(
                 Arc::clone(&dev),

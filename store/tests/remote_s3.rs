@@ -14,31 +14,9 @@ mod s3_server;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
+use common::remote::{hex, id, read_checked, shard, write, GEO};
 use s3_server::S3Server;
 use ucm_store::{BlockId, Endpoint, Geometry, RemoteConfig, RemoteTier, S3Location, StoreError};
-
-const GEO: Geometry = Geometry {
-    shard_bytes: 4096,
-    shards_per_block: 4,
-};
-
-fn id(n: u64) -> BlockId {
-    let mut b = [0u8; 16];
-    b[..8].copy_from_slice(&n.to_le_bytes());
-    b[8] = 0xa5;
-    b
-}
-
-fn hex(b: &BlockId) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// The bytes of shard `s` of block `n`.
-fn shard(n: u64, s: u32) -> Vec<u8> {
-    (0..GEO.shard_bytes)
-        .map(|i| (n.wrapping_mul(29) ^ (u64::from(s) * 11) ^ i as u64) as u8)
-        .collect()
-}
 
 fn tier_at(url: &str, ns: &str, geo: Geometry) -> RemoteTier {
     s3_server::credentials();
@@ -49,34 +27,6 @@ fn tier_at(url: &str, ns: &str, geo: Geometry) -> RemoteTier {
 
 fn tier(url: &str, ns: &str) -> RemoteTier {
     tier_at(url, ns, GEO)
-}
-
-fn write(t: &RemoteTier, ns: impl IntoIterator<Item = u64>) -> Vec<Result<(), StoreError>> {
-    let data: Vec<(u64, Vec<Vec<u8>>)> = ns
-        .into_iter()
-        .map(|n| (n, (0..GEO.shards_per_block).map(|s| shard(n, s)).collect()))
-        .collect();
-    let blocks: Vec<(BlockId, Vec<&[u8]>)> = data
-        .iter()
-        .map(|(n, v)| (id(*n), v.iter().map(Vec::as_slice).collect()))
-        .collect();
-    t.write_blocks(&blocks)
-        .into_iter()
-        .map(|(_, r)| r)
-        .collect()
-}
-
-/// Reads block `n` whole; panics on wrong bytes.
-fn read_checked(t: &RemoteTier, n: u64) -> Result<Option<()>, StoreError> {
-    let all: Vec<u32> = (0..GEO.shards_per_block).collect();
-    Ok(t.read_shards(&id(n), &all)?.map(|v| {
-        for (s, got) in v.iter().enumerate() {
-            assert!(
-                *got == shard(n, s as u32),
-                "WRONG BYTES: block {n} shard {s}"
-            );
-        }
-    }))
 }
 
 #[test]
@@ -243,10 +193,9 @@ mod store {
     use super::redis_cluster::Cluster;
     use super::{common, id, s3_server, shard, S3Server, GEO};
     use ucm_device::{Device, HostDevice, IoEngineConfig, IoEngineKind};
-    use ucm_store::pool::PoolMode;
     use ucm_store::{
-        BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, ItemOutcome, PoolConfig,
-        RemoteConfig, RemoteTier, TieredBlockStore,
+        BlockStore, BlockStoreConfig, DiskConfig, DiskTier, ItemOutcome, RemoteConfig, RemoteTier,
+        TieredBlockStore,
     };
 
     fn instance(
@@ -255,15 +204,7 @@ mod store {
         urls: &[String],
     ) -> TieredBlockStore<HostDevice> {
         s3_server::credentials();
-        let pool = ClockPool::open(PoolConfig {
-            shard_bytes: GEO.shard_bytes,
-            slots: 64,
-            ways: 16,
-            mode: PoolMode::Private,
-            load_timeout: Duration::from_secs(1),
-            dirty_timeout: Duration::from_secs(60),
-        })
-        .unwrap();
+        let pool = common::remote::pool(64);
         let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
         let disk = DiskTier::open(DiskConfig::new(dir, GEO, 1 << 16), engine).unwrap();
         let tiers = urls

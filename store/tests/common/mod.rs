@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod remote;
+
 use ucm_device::{CopyRun, Device, HostDevice, Memory};
 use ucm_store::{BlockId, Geometry, TaskItem};
 
