@@ -21,14 +21,14 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memory};
 use ucm_store::pool::PoolMode;
 use ucm_store::{
     BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, ItemOutcome,
-    PoolConfig, StoreError, TaskItem, TieredBlockStore,
+    PoolConfig, RemoteTier, StoreError, TaskItem, TieredBlockStore,
 };
 
 use super::gib_s;
@@ -170,14 +170,36 @@ pub(super) fn open_store(
     slots: usize,
     kind: IoEngineKind,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
+    open_store_with(
+        dev,
+        dir,
+        geo,
+        slots,
+        kind,
+        Vec::new(),
+        Duration::from_secs(5),
+    )
+}
+
+/// [`open_store`] with `tiers` below the disk and a pool load timeout of
+/// `load_timeout`.
+pub(super) fn open_store_with(
+    dev: &Arc<HostDevice>,
+    dir: &Path,
+    geo: Geometry,
+    slots: usize,
+    kind: IoEngineKind,
+    tiers: Vec<RemoteTier>,
+    load_timeout: Duration,
+) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
     let ways = 256.min(slots);
     let pool = ClockPool::open(PoolConfig {
         shard_bytes: geo.shard_bytes,
         slots: slots.div_ceil(ways) * ways,
         ways,
         mode: PoolMode::Private,
-        load_timeout: std::time::Duration::from_secs(5),
-        dirty_timeout: std::time::Duration::from_secs(600),
+        load_timeout,
+        dirty_timeout: Duration::from_secs(600),
     })?;
     let engine = Arc::from(IoEngineConfig::new(kind).build()?);
     let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
@@ -185,7 +207,42 @@ pub(super) fn open_store(
         workers: 2,
         ..BlockStoreConfig::default()
     };
-    Ok(TieredBlockStore::new(Arc::clone(dev), pool, disk, cfg)?)
+    Ok(TieredBlockStore::with_tiers(
+        Arc::clone(dev),
+        pool,
+        disk,
+        tiers,
+        cfg,
+    )?)
+}
+
+/// The workload of one shard size: `blocks x shards` shards of
+/// `shard_bytes` in `bytes`, and a pool of twice that.
+pub(super) struct Workload {
+    pub(super) geo: Geometry,
+    pub(super) blocks: usize,
+    pub(super) bytes: usize,
+    pub(super) slots: usize,
+}
+
+/// The workload of `shard_bytes` under `cfg` (at least one block).
+pub(super) fn workload(
+    cfg: &StoreBenchConfig,
+    shard_bytes: usize,
+) -> Result<Workload, StoreBenchError> {
+    let geo = Geometry {
+        shard_bytes,
+        shards_per_block: cfg.shards,
+    };
+    geo.validate()?;
+    let block_bytes = shard_bytes * cfg.shards as usize;
+    let blocks = (cfg.bytes / block_bytes).max(1);
+    Ok(Workload {
+        geo,
+        blocks,
+        bytes: blocks * block_bytes,
+        slots: blocks * cfg.shards as usize * 2,
+    })
 }
 
 /// Device memory of `bytes`, filled with a pattern of `seed` (1 MiB
@@ -280,15 +337,12 @@ fn run_size(
     fio: bool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
-    let geo = Geometry {
-        shard_bytes,
-        shards_per_block: cfg.shards,
-    };
-    geo.validate()?;
-    let block_bytes = shard_bytes * cfg.shards as usize;
-    let blocks = (cfg.bytes / block_bytes).max(1);
-    let bytes = blocks * block_bytes;
-    let slots = blocks * cfg.shards as usize * 2;
+    let Workload {
+        geo,
+        blocks,
+        bytes,
+        slots,
+    } = workload(cfg, shard_bytes)?;
     let dir = root.join(format!("s{shard_bytes}"));
     let dev = Arc::new(HostDevice::new());
     progress(&format!(

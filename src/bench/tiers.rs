@@ -21,55 +21,38 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, Memory};
-use ucm_store::pool::PoolMode;
-use ucm_store::{
-    BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, PoolConfig,
-    RemoteConfig, RemoteTier, TieredBlockStore,
-};
+use ucm_device::{CopyRun, Device, HostDevice, Memory};
+use ucm_store::{BlockId, BlockStore, RemoteConfig, RemoteTier, TieredBlockStore};
 
 use super::gib_s;
 use super::store::{
-    expect_ok, id, open_store, pattern_source, record, task, StoreBenchConfig, StoreBenchError,
+    expect_ok, id, open_store, open_store_with, pattern_source, record, task, workload,
+    StoreBenchConfig, StoreBenchError, Workload,
 };
 
 fn open_tiered(
     dev: &Arc<HostDevice>,
     dir: &Path,
-    geo: Geometry,
-    slots: usize,
+    w: &Workload,
     cfg: &StoreBenchConfig,
     urls: &[String],
     ns: &str,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
-    let ways = 256.min(slots);
-    let pool = ClockPool::open(PoolConfig {
-        shard_bytes: geo.shard_bytes,
-        slots: slots.div_ceil(ways) * ways,
-        ways,
-        mode: PoolMode::Private,
-        load_timeout: Duration::from_secs(30),
-        dirty_timeout: Duration::from_secs(600),
-    })?;
-    let engine = Arc::from(IoEngineConfig::new(cfg.engine).build()?);
-    let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
     let mut tiers = Vec::new();
     for u in urls {
-        let mut rc = RemoteConfig::from_url(u, ns, geo)?;
+        let mut rc = RemoteConfig::from_url(u, ns, w.geo)?;
         rc.timeout = Duration::from_secs(10);
         tiers.push(RemoteTier::new(rc)?);
     }
-    let bcfg = BlockStoreConfig {
-        workers: 2,
-        ..BlockStoreConfig::default()
-    };
-    Ok(TieredBlockStore::with_tiers(
-        Arc::clone(dev),
-        pool,
-        disk,
+    open_store_with(
+        dev,
+        dir,
+        w.geo,
+        w.slots,
+        cfg.engine,
         tiers,
-        bcfg,
-    )?)
+        Duration::from_secs(30),
+    )
 }
 
 fn durable(h: &ucm_store::TaskHandle, what: &str) -> Result<(), StoreBenchError> {
@@ -130,15 +113,8 @@ fn run_size(
     shard_bytes: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<super::store::StoreBenchRecord>, StoreBenchError> {
-    let geo = Geometry {
-        shard_bytes,
-        shards_per_block: cfg.shards,
-    };
-    geo.validate()?;
-    let block_bytes = shard_bytes * cfg.shards as usize;
-    let blocks = (cfg.bytes / block_bytes).max(1);
-    let bytes = blocks * block_bytes;
-    let slots = blocks * cfg.shards as usize * 2;
+    let w = workload(cfg, shard_bytes)?;
+    let (geo, blocks, bytes, slots) = (w.geo, w.blocks, w.bytes, w.slots);
     let dev = Arc::new(HostDevice::new());
     progress(&format!(
         "tier bench: {blocks} blocks x {} shards of {} KiB ({} MiB) below the disk: {}",
@@ -157,7 +133,7 @@ fn run_size(
         let ns = format!("bench-{}-{rep}-{shard_bytes}", std::process::id());
         let dir = root.join(format!("s{shard_bytes}-r{rep}"));
         // dump_tiers, then the same dump to disk only.
-        let a = open_tiered(&dev, &dir.join("a"), geo, slots, cfg, urls, &ns)?;
+        let a = open_tiered(&dev, &dir.join("a"), &w, cfg, urls, &ns)?;
         let t = Instant::now();
         let h = a.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
         expect_ok(&h.wait(), "dump_tiers")?;
@@ -189,7 +165,7 @@ fn run_size(
             cfg.reps
         ));
         // load_tiers from another instance, then a cold disk load.
-        let b = open_tiered(&dev, &dir.join("b"), geo, slots, cfg, urls, &ns)?;
+        let b = open_tiered(&dev, &dir.join("b"), &w, cfg, urls, &ns)?;
         let t = Instant::now();
         expect_ok(
             &b.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
@@ -213,7 +189,7 @@ fn run_size(
         best(&mut load_disk, base);
         drop(d);
         // lookup_tiers from a third instance.
-        let c = open_tiered(&dev, &dir.join("c"), geo, slots, cfg, urls, &ns)?;
+        let c = open_tiered(&dev, &dir.join("c"), &w, cfg, urls, &ns)?;
         let t = Instant::now();
         let found = c.lookup(&ids);
         let rate = ids.len() as f64 / t.elapsed().as_secs_f64();

@@ -165,8 +165,12 @@ trait Backend: Send + Sync {
     fn key(&self, base: &[&str], hex: &str, part: &str) -> String;
     /// Per key: does it exist?
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>>;
-    /// Per key: its value, `None` when absent.
-    fn get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>>;
+    /// [`Layout::Keys`]: per key, its value, `None` when absent.
+    fn get(&self, _keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
+        Err(StoreError::Config(
+            "this remote backend stores blocks as objects, not keys".into(),
+        ))
+    }
     /// Per block, its values in order; the last (the header) is stored
     /// only after every other of its block is.
     fn put(&self, blocks: &[Vec<(String, &[u8])>]) -> Result<()>;

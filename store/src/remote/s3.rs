@@ -240,27 +240,6 @@ impl Backend for S3Backend {
         })
     }
 
-    fn get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
-        let s = &self.store;
-        self.run("read", keys.len(), async {
-            stream::iter(keys)
-                .map(|k| async move {
-                    match s.get(&Path::from(k.as_str())).await {
-                        Ok(r) => r
-                            .bytes()
-                            .await
-                            .map(|b| Some(b.to_vec()))
-                            .map_err(s3_err("read")),
-                        Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(s3_err("read")(e)),
-                    }
-                })
-                .buffered(CONCURRENCY)
-                .try_collect()
-                .await
-        })
-    }
-
     fn put(&self, blocks: &[Vec<(String, &[u8])>]) -> Result<()> {
         let s = &self.store;
         let put = |k: &String, v: &[u8]| {
