@@ -1059,20 +1059,27 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
     } else {
         ucm::bench::tiers::run(&cfg, &tiers, |l| eprintln!("{l}")).map_err(|e| e.to_string())?
     };
+    if !a.json {
+        if let Some(l) = records.first().and_then(|r| r.load_average) {
+            println!("load average at start: {l:.2}; figures are median (min-max) of the rounds, ratios of medians");
+        }
+    }
     for r in &records {
         if a.json {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
             let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+            let (digits, unit) = if r.blocks_s.is_some() {
+                (0, "blk/s")
+            } else {
+                (3, "GiB/s")
+            };
             println!(
-                "{:<15} {:>6} KiB  {:>12}  limit {:>12}  ratio {}{}",
+                "{:<16} {:>5} KiB  {:>26}  limit {:>26}  ratio {}{}",
                 r.path,
                 r.shard_bytes >> 10,
-                r.gib_s
-                    .map(|g| format!("{g:.3} GiB/s"))
-                    .or(r.blocks_s.map(|b| format!("{b:.0} blk/s")))
-                    .unwrap_or_default(),
-                opt(r.limit),
+                format!("{} {unit}", r.spread.text(digits)),
+                r.limit_spread.map_or("-".to_string(), |s| s.text(digits)),
                 opt(r.ratio),
                 r.serial_ratio
                     .map(|s| format!("  (vs fio+memcpy {s:.3})"))
@@ -1106,20 +1113,23 @@ fn bench_io(a: IoArgs) -> Result<(), String> {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         }
     } else {
+        if let Some(l) = records.first().and_then(|r| r.load_average) {
+            println!("load average at start: {l:.2}; GiB/s as median (min-max) of the rounds");
+        }
         println!(
-            "{:<9} {:<10} {:>9} {:>5} {:>8} {:>8} {:>6}",
+            "{:<9} {:<10} {:>9} {:>5} {:>21} {:>21} {:>6}",
             "engine", "op", "block", "depth", "GiB/s", "fio", "ratio"
         );
         for r in &records {
             let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
             println!(
-                "{:<9} {:<10} {:>8}K {:>5} {:>8.3} {:>8} {:>6}",
+                "{:<9} {:<10} {:>8}K {:>5} {:>21} {:>21} {:>6}",
                 r.engine,
                 r.op.to_string(),
                 r.block_bytes >> 10,
                 r.depth,
-                r.gib_s,
-                opt(r.fio_gib_s),
+                r.spread.text(3),
+                r.fio_spread.map_or("-".to_string(), |s| s.text(3)),
                 opt(r.ratio)
             );
         }

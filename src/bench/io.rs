@@ -17,7 +17,7 @@ use ucm_device::{
     DeviceError, IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
 };
 
-use super::{best, gib_s};
+use super::{gib_s, Spread};
 
 /// Access pattern of a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -101,7 +101,8 @@ pub struct IoBenchConfig {
     pub depths: Vec<usize>,
     /// Bytes each run moves (the bench file's size).
     pub file_bytes: u64,
-    /// Runs of ours and of fio per case, interleaved; the best of each is reported.
+    /// Rounds of ours and of fio per case, interleaved; the medians are
+    /// compared, and the extremes reported beside them.
     pub reps: usize,
     /// Compare with fio when it is installed.
     pub use_fio: bool,
@@ -133,12 +134,18 @@ pub struct IoBenchRecord {
     pub block_bytes: usize,
     /// Queue depth.
     pub depth: usize,
-    /// Our best GiB/s over the repetitions.
+    /// Our median GiB/s over the rounds.
     pub gib_s: f64,
-    /// fio's best GiB/s over the repetitions (None without fio).
+    /// fio's median GiB/s over the rounds (None without fio).
     pub fio_gib_s: Option<f64>,
-    /// `gib_s / fio_gib_s` (None without fio).
+    /// `gib_s / fio_gib_s`: the ratio of the medians (None without fio).
     pub ratio: Option<f64>,
+    /// Our rounds: median, min and max GiB/s.
+    pub spread: Spread,
+    /// fio's rounds (None without fio).
+    pub fio_spread: Option<Spread>,
+    /// The machine's 1-minute load average when the bench started.
+    pub load_average: Option<f64>,
 }
 
 /// Errors of the bench.
@@ -393,6 +400,7 @@ fn run_in(
     path: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<IoBenchRecord>, IoBenchError> {
+    let load = super::announce_load(progress);
     let fio = cfg.use_fio && fio_available();
     if cfg.use_fio && !fio {
         progress("fio not found: fio_gib_s and ratio will be null");
@@ -460,10 +468,12 @@ fn run_in(
                             ours.push(mine()?);
                         }
                     }
-                    // Best of the interleaved runs on both sides: interference
-                    // from the shared machine only ever slows a run down.
-                    let g = best(&ours);
-                    let f = fio.then(|| best(&theirs));
+                    // Medians of the interleaved rounds on both sides, the
+                    // extremes beside them.
+                    let ours = Spread::of(&ours);
+                    let theirs = fio.then(|| Spread::of(&theirs));
+                    let g = ours.median;
+                    let f = theirs.map(|t| t.median);
                     let rec = IoBenchRecord {
                         engine: kind.name().to_string(),
                         op: pattern,
@@ -472,18 +482,22 @@ fn run_in(
                         gib_s: round3(g),
                         fio_gib_s: f.map(round3),
                         ratio: f.filter(|&f| f > 0.0).map(|f| round3(g / f)),
+                        spread: ours.rounded(3),
+                        fio_spread: theirs.map(|t| t.rounded(3)),
+                        load_average: load,
                     };
                     done += 1;
                     progress(&format!(
-                        "[{done}/{total}] {:<8} {:<10} {:>5} KiB depth {:>2}: {:.3} GiB/s, fio {}",
+                        "[{done}/{total}] {:<8} {:<10} {:>5} KiB depth {:>2}: {} GiB/s, fio {}",
                         rec.engine,
                         rec.op.name(),
                         block >> 10,
                         depth,
-                        rec.gib_s,
-                        rec.fio_gib_s.map_or("n/a".to_string(), |f| format!(
-                            "{f:.3} GiB/s (ratio {:.2})",
-                            g / f.max(1e-9)
+                        ours.text(3),
+                        theirs.map_or("n/a".to_string(), |t| format!(
+                            "{} GiB/s (ratio of medians {:.2})",
+                            t.text(3),
+                            g / t.median.max(1e-9)
                         ))
                     ));
                     records.push(rec);

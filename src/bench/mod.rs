@@ -32,6 +32,79 @@ pub fn best(v: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The spread of one side of a comparison over its rounds: the median
+/// (what ratios are taken on) and the extremes. Rounds that produced no
+/// finite figure are left out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Spread {
+    /// The median round.
+    pub median: f64,
+    /// The slowest round.
+    pub min: f64,
+    /// The fastest round.
+    pub max: f64,
+    /// Rounds counted.
+    pub rounds: usize,
+}
+
+impl Spread {
+    /// The spread of `v` (all zeros for no finite value).
+    pub fn of(v: &[f64]) -> Spread {
+        let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if finite.is_empty() {
+            return Spread::default();
+        }
+        Spread {
+            median: median(&finite),
+            min: finite.iter().copied().fold(f64::INFINITY, f64::min),
+            max: finite.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            rounds: finite.len(),
+        }
+    }
+
+    /// The same spread with every figure rounded to `digits` decimals.
+    pub fn rounded(self, digits: i32) -> Spread {
+        let f = 10f64.powi(digits);
+        let r = |x: f64| (x * f).round() / f;
+        Spread {
+            median: r(self.median),
+            min: r(self.min),
+            max: r(self.max),
+            rounds: self.rounds,
+        }
+    }
+
+    /// `median (min-max)` with `digits` decimals.
+    pub fn text(&self, digits: usize) -> String {
+        format!(
+            "{:.d$} ({:.d$}-{:.d$})",
+            self.median,
+            self.min,
+            self.max,
+            d = digits
+        )
+    }
+}
+
+/// The machine's 1-minute load average (from `/proc/loadavg`), recorded
+/// at the start of every bench: figures taken on a busy machine are not
+/// comparable with a quiet one's.
+pub fn load_average() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// Reports the load average at the start of a bench through `progress`
+/// and returns it.
+pub fn announce_load(progress: &mut dyn FnMut(&str)) -> Option<f64> {
+    let l = load_average();
+    match l {
+        Some(l) => progress(&format!("load average at start: {l:.2}")),
+        None => progress("load average at start: unknown (no /proc/loadavg)"),
+    }
+    l
+}
+
 /// Bytes per second as GiB/s.
 pub fn gib_s(bytes: u64, secs: f64) -> f64 {
     if secs <= 0.0 {
@@ -52,5 +125,22 @@ mod tests {
         assert_eq!(best(&[1.0, 3.0, 2.0]), 3.0);
         assert_eq!(best(&[]), 0.0);
         assert_eq!(gib_s(1 << 30, 2.0), 0.5);
+    }
+
+    #[test]
+    fn a_spread_has_the_median_and_the_extremes() {
+        let s = Spread::of(&[3.0, f64::NAN, 1.0, 2.0, 10.0]);
+        assert_eq!(
+            s,
+            Spread {
+                median: 2.5,
+                min: 1.0,
+                max: 10.0,
+                rounds: 4
+            }
+        );
+        assert_eq!(Spread::of(&[]), Spread::default());
+        assert_eq!(Spread::of(&[1.23456]).rounded(2).median, 1.23);
+        assert_eq!(Spread::of(&[1.0, 2.0, 4.0]).text(1), "2.0 (1.0-4.0)");
     }
 }

@@ -6,17 +6,26 @@
 //! - `load_cold`: a fresh store (empty pool) loads everything from disk;
 //!   limit: fio reading them back;
 //! - `load_warm`: load everything again (pool hits); limit: memcpy of the
-//!   same bytes;
+//!   same bytes (below);
 //! - `load_layerwise`: one shard index at a time across all blocks (pool
 //!   hits); limit: memcpy;
 //! - `lookup_disk` / `lookup_pool`: 10,000 ids of which 9,000 are present
 //!   (a one-shard geometry); limits: a raw `stat` of the same paths, and a
 //!   hash-set probe of the same ids.
 //!
-//! One record per path: `{"path","shard_bytes","gib_s"|"blocks_s","limit","ratio"}`.
-//! Every path and its limit run `reps` times, interleaved, and the best of
-//! each side counts: the machines are shared and move by tens of percent
-//! between runs.
+//! The memcpy limit is defined once ([`memcpy_limit`]): the C library's
+//! `memcpy` of the same bytes, from the bench's source region into its
+//! destination region (both allocated by the host device, page-aligned and
+//! pre-faulted before the first round), one call per thread on as many
+//! threads as the store copies with ([`STORE_WORKERS`], one device stream
+//! each). It allocates nothing: the bench holds the source, the destination
+//! and the pool (which fills to the data size), about three times the data.
+//!
+//! One record per path: `{"path","shard_bytes","gib_s"|"blocks_s","limit",
+//! "ratio","spread","limit_spread","load_average"}`. Every path and its limit
+//! run `reps` times, interleaved; `gib_s`/`blocks_s` and `limit` are the
+//! medians, `ratio` their quotient, and the spreads give the median, min and
+//! max of each side's rounds.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -31,8 +40,12 @@ use ucm_store::{
     PoolConfig, RemoteTier, StoreError, TaskItem, TieredBlockStore,
 };
 
-use super::gib_s;
 use super::io::{fio_available, run_fio, Pattern};
+use super::{gib_s, Spread};
+
+/// Worker threads of the bench's stores: each copies on its own device
+/// stream, so the memcpy limit runs on as many threads.
+pub const STORE_WORKERS: usize = 2;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -49,8 +62,8 @@ pub struct StoreBenchConfig {
     pub use_fio: bool,
     /// Ids looked up in the lookup paths (nine in ten present).
     pub lookups: usize,
-    /// Rounds of every path and its limit, interleaved; the best of each
-    /// side counts (the machines are shared and noisy).
+    /// Rounds of every path and its limit, interleaved; the medians are
+    /// compared (the machines are shared and noisy).
     pub reps: usize,
     /// The store's I/O engine.
     pub engine: IoEngineKind,
@@ -78,16 +91,21 @@ pub struct StoreBenchRecord {
     pub path: String,
     /// Shard size of the workload.
     pub shard_bytes: usize,
-    /// Throughput (data paths).
+    /// Throughput (data paths), the median round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gib_s: Option<f64>,
-    /// Lookups per second (lookup paths, in blocks per second).
+    /// Lookups per second (lookup paths, in blocks per second), the median
+    /// round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocks_s: Option<f64>,
-    /// The same-run limit, in the same unit (None without fio).
+    /// The same-run limit's median, in the same unit (None without fio).
     pub limit: Option<f64>,
-    /// Ours over the limit.
+    /// Ours over the limit, on medians.
     pub ratio: Option<f64>,
+    /// Our rounds: median, min, max.
+    pub spread: Spread,
+    /// The limit's rounds (None without a limit).
+    pub limit_spread: Option<Spread>,
     /// Disk paths on the host device: the limit of doing fio's transfer
     /// and a memcpy of the same bytes one after the other, `1 / (1/fio +
     /// 1/memcpy)`: a host-device dump or load moves every byte twice
@@ -97,6 +115,8 @@ pub struct StoreBenchRecord {
     /// Ours over `serial_limit`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_ratio: Option<f64>,
+    /// The machine's 1-minute load average when the bench started.
+    pub load_average: Option<f64>,
 }
 
 /// Errors of the store bench.
@@ -120,35 +140,49 @@ fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// The record of a path from its rounds and its limit's (`limit` empty:
+/// none).
 pub(super) fn record(
     path: &str,
     shard_bytes: usize,
-    ours: f64,
-    limit: Option<f64>,
+    ours: &[f64],
+    limit: &[f64],
     lookups: bool,
 ) -> StoreBenchRecord {
+    let digits = if lookups { 0 } else { 3 };
+    let spread = Spread::of(ours);
+    let limit_spread = (!limit.is_empty()).then(|| Spread::of(limit));
+    let (o, l) = (spread.median, limit_spread.map(|s| s.median));
     StoreBenchRecord {
         path: path.into(),
         shard_bytes,
-        gib_s: (!lookups).then(|| r3(ours)),
-        blocks_s: lookups.then(|| ours.round()),
-        limit: limit.map(|l| if lookups { l.round() } else { r3(l) }),
-        ratio: limit.filter(|l| *l > 0.0).map(|l| r3(ours / l)),
+        gib_s: (!lookups).then(|| r3(o)),
+        blocks_s: lookups.then(|| o.round()),
+        limit: l.map(|l| if lookups { l.round() } else { r3(l) }),
+        ratio: l.filter(|l| *l > 0.0).map(|l| r3(o / l)),
+        spread: spread.rounded(digits),
+        limit_spread: limit_spread.map(|s| s.rounded(digits)),
         serial_limit: None,
         serial_ratio: None,
+        load_average: None,
     }
 }
 
-/// A disk-path record with its serial (fio then memcpy) limit.
+/// A disk-path record with its serial (fio then memcpy) limit, on medians.
 fn disk_record(
     path: &str,
     shard_bytes: usize,
-    ours: f64,
-    fio: Option<f64>,
-    memcpy: f64,
+    ours: &[f64],
+    fio: &[f64],
+    memcpy: &[f64],
 ) -> StoreBenchRecord {
     let mut r = record(path, shard_bytes, ours, fio, false);
-    if let Some(f) = fio.filter(|f| *f > 0.0 && memcpy > 0.0) {
+    let (ours, memcpy) = (Spread::of(ours).median, Spread::of(memcpy).median);
+    if let Some(f) = r
+        .limit_spread
+        .map(|s| s.median)
+        .filter(|f| *f > 0.0 && memcpy > 0.0)
+    {
         let serial = 1.0 / (1.0 / f + 1.0 / memcpy);
         r.serial_limit = Some(r3(serial));
         r.serial_ratio = Some(r3(ours / serial));
@@ -204,7 +238,7 @@ pub(super) fn open_store_with(
     let engine = Arc::from(IoEngineConfig::new(kind).build()?);
     let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
     let cfg = BlockStoreConfig {
-        workers: 2,
+        workers: STORE_WORKERS,
         ..BlockStoreConfig::default()
     };
     Ok(TieredBlockStore::with_tiers(
@@ -246,23 +280,49 @@ pub(super) fn workload(
 }
 
 /// Device memory of `bytes`, filled with a pattern of `seed` (1 MiB
-/// repeated).
+/// repeated, copied from one 1 MiB host buffer).
 pub(super) fn pattern_source(
     dev: &HostDevice,
     bytes: usize,
     seed: u64,
 ) -> Result<Memory, StoreBenchError> {
+    const CHUNK: usize = 1 << 20;
     let src = dev.alloc_device(bytes)?;
-    let host = dev.alloc_pinned(bytes)?;
-    let chunk = crate::device::conformance::pattern(seed, 1 << 20);
-    for off in (0..bytes).step_by(1 << 20) {
-        let n = (1 << 20).min(bytes - off);
-        host.write_host(off, &chunk[..n])?;
-    }
+    let host = dev.alloc_pinned(CHUNK.min(bytes))?;
+    let chunk = crate::device::conformance::pattern(seed, CHUNK.min(bytes));
+    host.write_host(0, &chunk)?;
     let s = dev.create_stream()?;
-    dev.copy_async(&s, &CopyRun::new(&src, 0, &host, 0, bytes))?;
+    let runs: Vec<CopyRun<'_>> = (0..bytes)
+        .step_by(CHUNK)
+        .map(|off| CopyRun::new(&src, off, &host, 0, CHUNK.min(bytes - off)))
+        .collect();
+    dev.copy_batch_async(&s, &runs)?;
     dev.synchronize_stream(&s)?;
     Ok(src)
+}
+
+/// The memcpy limit of the pool paths: `bytes` from `src` to `dst`, one
+/// call of the C library's `memcpy` per thread over a contiguous part, on
+/// [`STORE_WORKERS`] threads. Returns GiB/s.
+pub(super) fn memcpy_limit(
+    dev: &HostDevice,
+    dst: &Memory,
+    src: &Memory,
+    bytes: usize,
+) -> Result<f64, StoreBenchError> {
+    let part = bytes.div_ceil(STORE_WORKERS).next_multiple_of(4096);
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..bytes)
+            .step_by(part)
+            .map(|off| sc.spawn(move || dev.raw_copy_at(dst, off, src, off, part.min(bytes - off))))
+            .collect();
+        handles.into_iter().try_for_each(|h| match h.join() {
+            Ok(r) => r.map_err(StoreBenchError::from),
+            Err(_) => Err(StoreBenchError::Other("a memcpy thread panicked".into())),
+        })
+    })?;
+    Ok(gib_s(bytes as u64, t.elapsed().as_secs_f64()))
 }
 
 pub(super) fn task(
@@ -311,6 +371,7 @@ pub fn run(
             cfg.bytes
         )));
     }
+    let load = super::announce_load(&mut progress);
     let fio = cfg.use_fio && fio_available();
     if cfg.use_fio && !fio {
         progress("fio not found: disk-path limits will be null");
@@ -324,6 +385,9 @@ pub fn run(
             out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
         }
         out.extend(run_lookups(&root, cfg.lookups, cfg.engine, &mut progress)?);
+        for r in &mut out {
+            r.load_average = load;
+        }
         Ok(out)
     })();
     drop(scratch);
@@ -369,17 +433,12 @@ fn run_size(
             bytes as u64,
         )?))
     };
-    let best = |a: &mut f64, x: f64| *a = a.max(x);
-    let best_opt = |a: &mut Option<f64>, x: Option<f64>| {
-        if let Some(x) = x {
-            *a = Some(a.map_or(x, |v| v.max(x)));
-        }
-    };
-    let (mut dump, mut load_cold, mut warm, mut layerwise, mut memcpy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    let (mut fio_w, mut fio_r) = (None, None);
+    let (mut dump, mut load_cold, mut warm, mut layerwise, mut memcpy) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut fio_w, mut fio_r) = (Vec::new(), Vec::new());
     let dst = dev.alloc_device(bytes)?;
-    let mut a = vec![1u8; bytes];
-    let b = vec![2u8; bytes];
+    // Pre-fault the destination (the source is already written).
+    memcpy_limit(&dev, &dst, &src, bytes)?;
     for rep in 0..reps {
         progress(&format!("round {}/{reps}", rep + 1));
         let rdir = dir.join(format!("r{rep}"));
@@ -396,12 +455,12 @@ fn run_size(
             return Err(StoreBenchError::Other(format!("dump not durable: {d:?}")));
         }
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut dump, ours);
+        dump.push(ours);
         drop(st);
         let _ = std::fs::remove_file(&fio_file);
         let w = fio_run(Pattern::SeqWrite)?;
-        best_opt(&mut fio_w, w);
-        progress(&format!("dump_cold: {ours:.3} GiB/s (fio {w:?})"));
+        fio_w.extend(w);
+        progress(&format!("dump_cold: {ours:.3} GiB/s (fio {})", opt3(w)));
 
         // load_cold: a fresh store (empty pool), everything from disk.
         let st = open_store(&dev, &rdir, geo, slots, cfg.engine)?;
@@ -411,26 +470,38 @@ fn run_size(
             "load_cold",
         )?;
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut load_cold, ours);
+        load_cold.push(ours);
         let r = fio_run(Pattern::SeqRead)?;
-        best_opt(&mut fio_r, r);
-        progress(&format!("load_cold: {ours:.3} GiB/s (fio {r:?})"));
+        fio_r.extend(r);
+        progress(&format!("load_cold: {ours:.3} GiB/s (fio {})", opt3(r)));
 
-        // The memcpy limit of the pool paths: the same bytes, host to host.
-        let t = Instant::now();
-        a.copy_from_slice(&b);
-        let m = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        std::hint::black_box(&a);
-        best(&mut memcpy, m);
+        // The memcpy limit of the pool paths (see the module).
+        let m = memcpy_limit(&dev, &dst, &src, bytes)?;
+        memcpy.push(m);
 
         // load_warm: everything again, from the pool.
+        let hits = st
+            .stats()
+            .pool_hits
+            .load(std::sync::atomic::Ordering::Relaxed);
         let t = Instant::now();
         expect_ok(
             &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
             "load_warm",
         )?;
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut warm, ours);
+        let hit = st
+            .stats()
+            .pool_hits
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - hits;
+        if hit < (blocks * cfg.shards as usize) as u64 {
+            return Err(StoreBenchError::Other(format!(
+                "load_warm: {hit} of {} shards came from the pool",
+                blocks * cfg.shards as usize
+            )));
+        }
+        warm.push(ours);
         progress(&format!("load_warm: {ours:.3} GiB/s (memcpy {m:.3})"));
 
         // load_layerwise: one shard index at a time across all blocks.
@@ -442,38 +513,36 @@ fn run_size(
             )?;
         }
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut layerwise, ours);
+        layerwise.push(ours);
         progress(&format!("load_layerwise: {ours:.3} GiB/s (memcpy {m:.3})"));
         drop(st);
         let _ = std::fs::remove_dir_all(&rdir);
     }
     let _ = std::fs::remove_file(&fio_file);
     Ok(vec![
-        disk_record("dump_cold", shard_bytes, dump, fio_w, memcpy),
-        disk_record("load_cold", shard_bytes, load_cold, fio_r, memcpy),
-        record("load_warm", shard_bytes, warm, Some(memcpy), false),
-        record(
-            "load_layerwise",
-            shard_bytes,
-            layerwise,
-            Some(memcpy),
-            false,
-        ),
+        disk_record("dump_cold", shard_bytes, &dump, &fio_w, &memcpy),
+        disk_record("load_cold", shard_bytes, &load_cold, &fio_r, &memcpy),
+        record("load_warm", shard_bytes, &warm, &memcpy, false),
+        record("load_layerwise", shard_bytes, &layerwise, &memcpy, false),
     ])
 }
 
-/// Lookups per second of `ours` and `base` (each looks up `n` ids): the
-/// best of 5 interleaved passes of each, so that one pass of a few
-/// milliseconds on a shared machine does not decide the ratio.
-fn best_rates(n: usize, mut ours: impl FnMut(), mut base: impl FnMut()) -> (f64, f64) {
-    let (mut a, mut b) = (0f64, 0f64);
+fn opt3(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".into(), |v| format!("{v:.3}"))
+}
+
+/// Lookups per second of `ours` and `base` (each looks up `n` ids) over 5
+/// interleaved passes of each, so that one pass of a few milliseconds on a
+/// shared machine does not decide the ratio.
+fn rates(n: usize, mut ours: impl FnMut(), mut base: impl FnMut()) -> (Vec<f64>, Vec<f64>) {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = Instant::now();
         ours();
-        a = a.max(n as f64 / t.elapsed().as_secs_f64());
+        a.push(n as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         base();
-        b = b.max(n as f64 / t.elapsed().as_secs_f64());
+        b.push(n as f64 / t.elapsed().as_secs_f64());
     }
     (a, b)
 }
@@ -505,7 +574,7 @@ fn run_lookups(
     let held = &ids[..present];
     let set: HashSet<BlockId> = held.iter().copied().collect();
     let (mut hits, mut base_hits) = (0, 0);
-    let (ours, limit) = best_rates(
+    let (ours, limit) = rates(
         present,
         || {
             hits = st.lookup(held).iter().filter(|&&p| p).count();
@@ -519,8 +588,7 @@ fn run_lookups(
             "lookup_pool found {hits} of {present}"
         )));
     }
-    out_push(progress, "lookup_pool", ours, limit);
-    let mut out = vec![record("lookup_pool", 4096, ours, Some(limit), true)];
+    let mut out = vec![lookup_record(progress, "lookup_pool", &ours, &limit)];
     drop(st);
 
     // lookup_disk: a fresh store (a new process), empty pool: presence
@@ -531,7 +599,7 @@ fn run_lookups(
         .disk()
         .ok_or_else(|| StoreBenchError::Other("the lookup bench needs a disk tier".into()))?;
     let paths: Vec<PathBuf> = ids.iter().map(|i| disk.path_of(i)).collect();
-    let (mut ours, mut limit) = (0f64, 0f64);
+    let (mut ours, mut limit) = (Vec::new(), Vec::new());
     let (mut hits, mut base_hits) = (0, 0);
     for round in 0..5 {
         if round > 0 {
@@ -540,22 +608,21 @@ fn run_lookups(
         }
         let t = Instant::now();
         hits = st.lookup(&ids).iter().filter(|&&p| p).count();
-        ours = ours.max(total as f64 / t.elapsed().as_secs_f64());
+        ours.push(total as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
         base_hits = paths.iter().filter(|p| p.is_file()).count();
-        limit = limit.max(total as f64 / t.elapsed().as_secs_f64());
+        limit.push(total as f64 / t.elapsed().as_secs_f64());
     }
     if hits != present || base_hits != present {
         return Err(StoreBenchError::Other(format!(
             "lookup_disk found {hits} of {present}"
         )));
     }
-    out_push(progress, "lookup_disk", ours, limit);
-    out.push(record("lookup_disk", 4096, ours, Some(limit), true));
+    out.push(lookup_record(progress, "lookup_disk", &ours, &limit));
     // lookup_disk_warm: the same store again: the ids it found are in its
     // presence summary (lazily invalidated), the absent ones are stat'ed.
     let (mut hits, mut base_hits) = (0, 0);
-    let (ours, limit) = best_rates(
+    let (ours, limit) = rates(
         total,
         || {
             hits = st.lookup(&ids).iter().filter(|&&p| p).count();
@@ -569,13 +636,23 @@ fn run_lookups(
             "lookup_disk_warm found {hits} of {present}"
         )));
     }
-    out_push(progress, "lookup_disk_warm", ours, limit);
-    out.push(record("lookup_disk_warm", 4096, ours, Some(limit), true));
+    out.push(lookup_record(progress, "lookup_disk_warm", &ours, &limit));
     Ok(out)
 }
 
-fn out_push(progress: &mut dyn FnMut(&str), path: &str, ours: f64, limit: f64) {
-    progress(&format!("{path}: {ours:.0} blocks/s (baseline {limit:.0})"));
+fn lookup_record(
+    progress: &mut dyn FnMut(&str),
+    path: &str,
+    ours: &[f64],
+    limit: &[f64],
+) -> StoreBenchRecord {
+    let r = record(path, 4096, ours, limit, true);
+    progress(&format!(
+        "{path}: {} blocks/s (baseline {})",
+        r.spread.text(0),
+        r.limit_spread.unwrap_or_default().text(0)
+    ));
+    r
 }
 
 #[cfg(test)]

@@ -95,12 +95,16 @@ pub fn run(
             "--size, --reps and every shard size must be positive".into(),
         ));
     }
+    let load = super::announce_load(&mut progress);
     let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-tiers")
         .map_err(|e| StoreBenchError::Other(format!("{}: {e}", cfg.dir.display())))?;
     let root = scratch.path().to_path_buf();
     let mut out = Vec::new();
     for &shard_bytes in &cfg.shard_sizes {
         out.extend(run_size(cfg, urls, &root, shard_bytes, &mut progress)?);
+    }
+    for r in &mut out {
+        r.load_average = load;
     }
     drop(scratch);
     Ok(out)
@@ -127,8 +131,8 @@ fn run_size(
     let expected = host_copy(&dev, &src, bytes)?;
     let dst = dev.alloc_device(bytes)?;
     let ids: Vec<BlockId> = (0..blocks as u64).map(id).collect();
-    let best = |a: &mut f64, x: f64| *a = a.max(x);
-    let (mut dump, mut dump_disk, mut load, mut load_disk, mut lookup) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let (mut dump, mut dump_disk, mut load, mut load_disk, mut lookup) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rep in 0..cfg.reps {
         let ns = format!("bench-{}-{rep}-{shard_bytes}", std::process::id());
         let dir = root.join(format!("s{shard_bytes}-r{rep}"));
@@ -139,7 +143,7 @@ fn run_size(
         expect_ok(&h.wait(), "dump_tiers")?;
         durable(&h, "dump_tiers")?;
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut dump, ours);
+        dump.push(ours);
         let written: u64 = a
             .remotes()
             .iter()
@@ -157,7 +161,7 @@ fn run_size(
         expect_ok(&h.wait(), "dump_disk")?;
         durable(&h, "dump_disk")?;
         let base = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut dump_disk, base);
+        dump_disk.push(base);
         drop(d);
         progress(&format!(
             "round {}/{}: dump_tiers {ours:.3} GiB/s (disk only {base:.3})",
@@ -172,7 +176,7 @@ fn run_size(
             "load_tiers",
         )?;
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut load, ours);
+        load.push(ours);
         if host_copy(&dev, &dst, bytes)? != expected {
             return Err(StoreBenchError::Other(
                 "load_tiers: the bytes loaded are not the bytes dumped".into(),
@@ -186,7 +190,7 @@ fn run_size(
             "load_disk",
         )?;
         let base = gib_s(bytes as u64, t.elapsed().as_secs_f64());
-        best(&mut load_disk, base);
+        load_disk.push(base);
         drop(d);
         // lookup_tiers from a third instance.
         let c = open_tiered(&dev, &dir.join("c"), &w, cfg, urls, &ns)?;
@@ -198,7 +202,7 @@ fn run_size(
                 "lookup_tiers: a dumped block was not found".into(),
             ));
         }
-        best(&mut lookup, rate);
+        lookup.push(rate);
         progress(&format!(
             "round {}/{}: load_tiers {ours:.3} GiB/s (cold disk {base:.3}), lookup {rate:.0} blk/s",
             rep + 1,
@@ -213,8 +217,8 @@ fn run_size(
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(vec![
-        record("dump_tiers", shard_bytes, dump, Some(dump_disk), false),
-        record("load_tiers", shard_bytes, load, Some(load_disk), false),
-        record("lookup_tiers", shard_bytes, lookup, None, true),
+        record("dump_tiers", shard_bytes, &dump, &dump_disk, false),
+        record("load_tiers", shard_bytes, &load, &load_disk, false),
+        record("lookup_tiers", shard_bytes, &lookup, &[], true),
     ])
 }

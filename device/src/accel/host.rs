@@ -59,16 +59,29 @@ impl HostDevice {
     /// plain memcpy: the raw baseline that `ucm bench device` measures the
     /// stream path against. Both regions must be of this device and in bounds.
     pub fn raw_copy(&self, dst: &Memory, src: &Memory, len: usize) -> Result<()> {
-        let run = CopyRun::new(dst, 0, src, 0, len);
+        self.raw_copy_at(dst, 0, src, 0, len)
+    }
+
+    /// [`HostDevice::raw_copy`] of `len` bytes from `src_offset` in `src`
+    /// to `dst_offset` in `dst`: one call of the C library's `memcpy`.
+    pub fn raw_copy_at(
+        &self,
+        dst: &Memory,
+        dst_offset: usize,
+        src: &Memory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let run = CopyRun::new(dst, dst_offset, src, src_offset, len);
         run.validate(self.id, 1)?;
         OwnedRun {
             dst: dst.clone(),
-            dst_offset: 0,
+            dst_offset,
             src: src.clone(),
-            src_offset: 0,
+            src_offset,
             len,
         }
-        .execute();
+        .execute_plain();
         Ok(())
     }
 
@@ -163,16 +176,35 @@ struct OwnedRun {
 }
 
 impl OwnedRun {
+    fn ends(&self) -> (*mut u8, *const u8) {
+        (
+            (self.dst.addr() as usize + self.dst_offset) as *mut u8,
+            (self.src.addr() as usize + self.src_offset) as *const u8,
+        )
+    }
+
+    /// The copy of a stream: large runs with streaming stores (the stream
+    /// fences after each batch).
     fn execute(&self) {
+        let (dst, src) = self.ends();
+        let disjoint =
+            dst as usize >= src as usize + self.len || src as usize >= dst as usize + self.len;
+        if disjoint {
+            // SAFETY: the run was validated (same device, in bounds), the
+            // handles keep both regions alive, and the ranges are disjoint.
+            unsafe { super::stream_copy::copy(dst, src, self.len) };
+        } else {
+            // SAFETY: as above; `copy` allows the overlap.
+            unsafe { std::ptr::copy(src, dst, self.len) };
+        }
+    }
+
+    /// A plain `memcpy` (the C library's).
+    fn execute_plain(&self) {
+        let (dst, src) = self.ends();
         // SAFETY: the run was validated (same device, in bounds, no overlap
         // inside one region) and the handles keep both regions alive.
-        unsafe {
-            std::ptr::copy(
-                (self.src.addr() as usize + self.src_offset) as *const u8,
-                (self.dst.addr() as usize + self.dst_offset) as *mut u8,
-                self.len,
-            );
-        }
+        unsafe { std::ptr::copy(src, dst, self.len) };
     }
 }
 
@@ -258,6 +290,9 @@ impl StreamShared {
             Op::Copy(runs) => {
                 if poisoned.is_none() {
                     runs.iter().for_each(OwnedRun::execute);
+                    // The batch's streaming stores land before it is
+                    // reported complete.
+                    super::stream_copy::fence();
                 }
                 Ok(())
             }

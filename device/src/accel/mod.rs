@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod host;
 #[cfg(any(feature = "cuda", feature = "ascend"))]
 mod sticky;
+mod stream_copy;
 
 use std::any::Any;
 use std::fmt;
