@@ -308,7 +308,7 @@ struct StoreArgs {
     /// Do not run fio even when installed.
     #[arg(long)]
     no_fio: bool,
-    /// Rounds, interleaved with the limits; the best of each side counts.
+    /// Rounds, interleaved with the limits; the medians are compared.
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// The store's I/O engine: auto, io_uring, libaio or posix.
@@ -381,8 +381,9 @@ struct IoArgs {
     /// Bytes each run moves: the bench file's size.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     size: u64,
-    /// Interleaved runs of ours and fio's per case (the best of each is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved rounds of ours and fio's per case (medians compared,
+    /// min-max reported).
+    #[arg(long, default_value_t = 5)]
     reps: usize,
     /// Do not run fio even when installed.
     #[arg(long)]

@@ -117,7 +117,7 @@ impl Default for IoBenchConfig {
             blocks: vec![64 << 10, 512 << 10, 2 << 20],
             depths: vec![1, 8, 32],
             file_bytes: 256 << 20,
-            reps: 3,
+            reps: 5,
             use_fio: true,
         }
     }
@@ -291,16 +291,29 @@ fn run_ours(
             inflight.extend(engine.submit(batch));
         }
         let Some(t) = inflight.pop_front() else { break };
-        let out = t.wait();
-        let n = out.result?;
-        if n != block {
-            return Err(IoBenchError::Config(format!(
-                "short transfer of {n} bytes; is the bench file complete?"
-            )));
+        // The oldest, then every one after it that is already done: their
+        // buffers go out again as one batch.
+        let mut outs = vec![t.wait()];
+        while let Some(t) = inflight.pop_front() {
+            match t.wait_timeout(std::time::Duration::ZERO) {
+                Ok(out) => outs.push(out),
+                Err(t) => {
+                    inflight.push_front(t);
+                    break;
+                }
+            }
         }
-        moved += n as u64;
-        if let Some(b) = out.buf {
-            free.push(b);
+        for out in outs {
+            let n = out.result?;
+            if n != block {
+                return Err(IoBenchError::Config(format!(
+                    "short transfer of {n} bytes; is the bench file complete?"
+                )));
+            }
+            moved += n as u64;
+            if let Some(b) = out.buf {
+                free.push(b);
+            }
         }
     }
     Ok(gib_s(moved, start.elapsed().as_secs_f64()))
