@@ -221,7 +221,8 @@ struct LayerwiseArgs {
     /// Print one JSON record per ratio (JSON lines) on stdout.
     #[arg(long)]
     json: bool,
-    /// Directory of the store (tmpfs /dev/shm gives stable numbers).
+    /// Directory of the store (default: /dev/shm where it exists, else the
+    /// temporary directory; the pipeline is measured, not the disk).
     #[arg(long)]
     dir: Option<PathBuf>,
     /// Units (layers) of the model.
@@ -237,10 +238,11 @@ struct LayerwiseArgs {
     #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,1,2")]
     ratios: Vec<f64>,
     /// Runs per ratio (the median counts).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     reps: usize,
-    /// Units loaded ahead of the one being waited for.
-    #[arg(long, default_value_t = 1)]
+    /// Units loaded ahead of the one being waited for (the embeddings'
+    /// default).
+    #[arg(long, default_value_t = ucm::coordinator::adapter::DEFAULT_LOOKAHEAD)]
     lookahead: usize,
     /// The stores' I/O engine.
     #[arg(long, default_value = "auto")]
@@ -989,7 +991,7 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
 fn bench_layerwise(a: LayerwiseArgs) -> Result<(), String> {
     use ucm::bench::layerwise::{self as lw, LayerwiseConfig};
     let cfg = LayerwiseConfig {
-        dir: a.dir.unwrap_or_else(std::env::temp_dir),
+        dir: a.dir.unwrap_or_else(lw::default_dir),
         units: a.units,
         blocks: a.blocks,
         bytes_per_token: a.bytes_per_token,
@@ -999,17 +1001,27 @@ fn bench_layerwise(a: LayerwiseArgs) -> Result<(), String> {
         engine: a.engine,
     };
     let records = lw::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    if !a.json {
+        if let Some(l) = records.first().and_then(|r| r.load_average) {
+            println!(
+                "load average at start: {l:.2}; lookahead {}; median (min-max) of {} rounds",
+                cfg.lookahead, cfg.reps
+            );
+        }
+    }
     for r in &records {
         if a.json {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
             println!(
-                "io {:.3} ms/unit  compute {:.3} ms/unit  exposed {:.2} ms (ideal {:.2})  hidden {:.3}",
-                r.io_per_unit_ms,
+                "io {} ms/unit  compute {:.3} ms/unit  exposed {} ms (ideal {:.2})  hidden {:.3} ({:.3}-{:.3})",
+                r.io_spread.text(3),
                 r.compute_per_unit_ms,
-                r.exposed_io_ms,
+                r.exposed_spread.text(2),
                 r.ideal_exposed_ms,
-                r.hidden_fraction
+                r.hidden_fraction,
+                r.hidden_spread.min,
+                r.hidden_spread.max
             );
         }
     }

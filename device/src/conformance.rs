@@ -59,6 +59,7 @@ pub fn download<D: Device>(dev: &D, mem: &Memory, at: usize, len: usize) -> Resu
 pub fn run_all<D: Device>(dev: &D) -> Result<()> {
     round_trip(dev)?;
     copies_wait_for_earlier_work(dev)?;
+    sync_copies_keep_the_stream_order(dev)?;
     two_streams_ordered_by_event(dev)?;
     scatter_gather(dev)?;
     wait_event_does_not_block_host(dev)?;
@@ -124,6 +125,62 @@ pub fn copies_wait_for_earlier_work<D: Device>(dev: &D) -> Result<()> {
     back.read_host(0, &mut got)?;
     if got != data {
         return Err(fail("synchronize_stream returned before the stream's copy"));
+    }
+    Ok(())
+}
+
+/// [`Device::copy_batch_sync`]: on an idle stream it returns with the
+/// bytes in place; behind queued work it runs after that work (a host
+/// function queued first writes the source, so a copy that jumps the queue
+/// moves the old bytes); on a stream whose earlier work failed it fails.
+pub fn sync_copies_keep_the_stream_order<D: Device>(dev: &D) -> Result<()> {
+    let len = 256 << 10;
+    let (first, second) = (pattern(6, len), pattern(7, len));
+    let src = dev.alloc_pinned(len)?;
+    let back = dev.alloc_pinned(len)?;
+    let d = dev.alloc_device(len)?;
+    src.write_host(0, &first)?;
+    let s = dev.create_stream()?;
+    fn runs<'a>(dst: &'a Memory, from: &'a Memory, len: usize) -> Vec<CopyRun<'a>> {
+        vec![
+            CopyRun::new(dst, 0, from, 0, len / 2),
+            CopyRun::new(dst, len / 2, from, len / 2, len / 2),
+        ]
+    }
+    dev.copy_batch_sync(&s, &runs(&d, &src, len))?;
+    dev.copy_batch_sync(&s, &runs(&back, &d, len))?;
+    let mut got = vec![0u8; len];
+    back.read_host(0, &mut got)?;
+    if got != first {
+        return Err(fail(
+            "a sync copy on an idle stream returned without its bytes",
+        ));
+    }
+    // Behind a gate and a host function that rewrites the source.
+    let open = gate(dev, &s)?;
+    let writer = src.clone();
+    let next = second.clone();
+    dev.launch_host_fn(&s, Box::new(move || writer.write_host(0, &next)))?;
+    let opener = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(20));
+        drop(open);
+    });
+    dev.copy_batch_sync(&s, &runs(&d, &src, len))?;
+    let _ = opener.join();
+    dev.copy_batch_sync(&s, &runs(&back, &d, len))?;
+    back.read_host(0, &mut got)?;
+    if got != second {
+        return Err(fail("a sync copy ran before the work queued ahead of it"));
+    }
+    // Behind a failure.
+    let f = dev.create_stream()?;
+    dev.launch_host_fn(
+        &f,
+        Box::new(|| Err(DeviceError::Stream("injected failure".into()))),
+    )?;
+    let _ = dev.synchronize_stream(&f);
+    if dev.copy_batch_sync(&f, &runs(&d, &src, len)).is_ok() {
+        return Err(fail("a sync copy on a failed stream reported success"));
     }
     Ok(())
 }

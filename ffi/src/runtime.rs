@@ -83,7 +83,7 @@ impl CacheOptions {
                 pool_bytes: Some(256 << 20),
                 ..StoreSetConfig::default()
             },
-            lookahead: 2,
+            lookahead: ucm_coordinator::adapter::DEFAULT_LOOKAHEAD,
         }
     }
 }

@@ -107,7 +107,7 @@ impl EngineConfig {
             tp: 1,
             pp: 1,
             stage_bounds: Vec::new(),
-            lookahead: 1,
+            lookahead: ucm_coordinator::adapter::DEFAULT_LOOKAHEAD,
             repeat: 1,
             chunk: 2048,
             max_tokens,

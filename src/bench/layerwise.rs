@@ -43,7 +43,7 @@ pub struct LayerwiseConfig {
     pub bytes_per_token: u64,
     /// I/O-to-compute ratios to run.
     pub ratios: Vec<f64>,
-    /// Runs per ratio (the median counts).
+    /// Runs per ratio (the median counts; min and max are reported).
     pub reps: usize,
     /// Units loaded ahead.
     pub lookahead: usize,
@@ -51,16 +51,31 @@ pub struct LayerwiseConfig {
     pub engine: IoEngineKind,
 }
 
+/// Where the bench's store goes by default: tmpfs `/dev/shm` where the
+/// machine has it, else the temporary directory. The bench measures how
+/// much of the I/O the pipeline hides, not the disk: on a virtual disk
+/// whose speed drifts by tens of percent within seconds, the I/O measured
+/// before the compute rounds is not the I/O during them (`--dir` measures
+/// a disk all the same).
+pub fn default_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
 impl Default for LayerwiseConfig {
     fn default() -> Self {
         LayerwiseConfig {
-            dir: std::env::temp_dir(),
+            dir: default_dir(),
             units: 32,
             blocks: 64,
             bytes_per_token: 4096,
             ratios: vec![0.25, 0.5, 1.0, 2.0],
-            reps: 3,
-            lookahead: 1,
+            reps: 5,
+            lookahead: crate::coordinator::adapter::DEFAULT_LOOKAHEAD,
             engine: IoEngineKind::Auto,
         }
     }
@@ -77,8 +92,16 @@ pub struct LayerwiseRecord {
     pub exposed_io_ms: f64,
     /// The least exposure possible.
     pub ideal_exposed_ms: f64,
-    /// Share of the hideable I/O that was hidden.
+    /// Share of the hideable I/O that was hidden (from the medians).
     pub hidden_fraction: f64,
+    /// The rounds of the I/O per unit (ms): median, min, max.
+    pub io_spread: super::Spread,
+    /// The rounds of the exposed time (ms) at this ratio.
+    pub exposed_spread: super::Spread,
+    /// The hidden fraction each round's exposure would give: min, max.
+    pub hidden_spread: super::Spread,
+    /// The machine's 1-minute load average when the bench started.
+    pub load_average: Option<f64>,
 }
 
 /// Errors of the bench.
@@ -215,15 +238,10 @@ fn drive(
     Ok((wall, computed, matched))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// Runs the bench.
 pub fn run(
     cfg: &LayerwiseConfig,
-    progress: impl Fn(&str),
+    mut progress: impl FnMut(&str),
 ) -> Result<Vec<LayerwiseRecord>, LayerwiseError> {
     if cfg.units == 0 || cfg.blocks == 0 || cfg.reps == 0 || cfg.ratios.iter().any(|r| *r <= 0.0) {
         return Err(LayerwiseError::Other(
@@ -242,6 +260,12 @@ pub fn run(
         dev: Arc::new(HostDevice::new()),
         tokens: Arc::new((0..cfg.blocks as u32 * 16 + 1).collect()),
     };
+    let load = super::announce_load(&mut progress);
+    progress(&format!(
+        "layerwise: lookahead {} unit(s), store in {}",
+        cfg.lookahead,
+        cfg.dir.display()
+    ));
     let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-layerwise")
         .map_err(|e| LayerwiseError::Other(format!("{}: {e}", cfg.dir.display())))?;
     let dir = scratch.path().to_path_buf();
@@ -267,8 +291,9 @@ pub fn run(
                 Ok(wall.as_secs_f64() * 1e3 / f64::from(cfg.units))
             })
             .collect::<Result<_, LayerwiseError>>()?;
-        let io = median(io);
-        progress(&format!("layerwise: I/O per unit {io:.3} ms"));
+        let io_spread = super::Spread::of(&io);
+        let io = io_spread.median;
+        progress(&format!("layerwise: I/O per unit {} ms", io_spread.text(3)));
         let mut out = Vec::new();
         for &r in &cfg.ratios {
             let compute_ms = io / r;
@@ -279,17 +304,26 @@ pub fn run(
                 let ms = (wall.as_secs_f64() - computed.as_secs_f64()) * 1e3;
                 exposed.push(ms.max(0.0));
             }
-            let exposed = median(exposed);
+            let exposed_spread = super::Spread::of(&exposed);
             let n = f64::from(cfg.units);
             let total = io * n;
             let ideal = io + (n - 1.0) * (io - compute_ms).max(0.0);
-            let hidden = if total > ideal {
-                ((total - exposed) / (total - ideal)).clamp(0.0, 1.0)
-            } else {
-                1.0
+            let hidden_of = |exposed: f64| {
+                if total > ideal {
+                    ((total - exposed) / (total - ideal)).clamp(0.0, 1.0)
+                } else {
+                    1.0
+                }
             };
+            let hidden_spread =
+                super::Spread::of(&exposed.iter().map(|&e| hidden_of(e)).collect::<Vec<_>>());
+            let exposed = exposed_spread.median;
+            let hidden = hidden_of(exposed);
             progress(&format!(
-                "layerwise: io/compute {r}: exposed {exposed:.2} ms (ideal {ideal:.2}), hidden {hidden:.3}"
+                "layerwise: io/compute {r}: exposed {} ms (ideal {ideal:.2}), hidden {hidden:.3} (rounds {:.3}-{:.3})",
+                exposed_spread.text(2),
+                hidden_spread.min,
+                hidden_spread.max
             ));
             out.push(LayerwiseRecord {
                 io_per_unit_ms: r4(io),
@@ -297,6 +331,10 @@ pub fn run(
                 exposed_io_ms: r4(exposed),
                 ideal_exposed_ms: r4(ideal),
                 hidden_fraction: r4(hidden),
+                io_spread: io_spread.rounded(4),
+                exposed_spread: exposed_spread.rounded(4),
+                hidden_spread: hidden_spread.rounded(4),
+                load_average: load,
             });
         }
         Ok(out)

@@ -794,8 +794,7 @@ impl<D: Device> Inner<D> {
 
     /// Queues `runs` on `stream` as one batch and waits for them.
     fn copy_and_wait(&self, stream: &D::Stream, runs: &[CopyRun<'_>]) -> ucm_device::Result<()> {
-        self.dev.copy_batch_async(stream, runs)?;
-        self.dev.synchronize_stream(stream)
+        self.dev.copy_batch_sync(stream, runs)
     }
 
     fn fail_item(&self, why: Failure) -> ItemOutcome {

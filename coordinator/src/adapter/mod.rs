@@ -29,5 +29,5 @@ pub use stores::{GroupCounters, StoreSet, StoreSetConfig};
 pub use units::{Unit, UnitMap};
 pub use worker::{
     AdapterMetrics, Finished, LayerRegistration, LoadCause, LoadError, Sabotage, Worker,
-    WorkerConfig,
+    WorkerConfig, DEFAULT_LOOKAHEAD,
 };

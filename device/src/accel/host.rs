@@ -481,6 +481,27 @@ impl Device for HostDevice {
         stream.push(Op::Wait(Arc::clone(&event.shared), epoch))
     }
 
+    fn copy_batch_sync(&self, stream: &HostStream, runs: &[CopyRun<'_>]) -> Result<()> {
+        self.check_stream(stream)?;
+        let owned = self.validate_runs(runs)?;
+        let st = lock(&stream.shared.state);
+        if st.completed == st.submitted {
+            // Idle: nothing queued can run before or beside these runs, and
+            // the lock held keeps later submissions behind them.
+            if let Some(e) = &st.error {
+                return Err(e.clone());
+            }
+            owned.iter().for_each(OwnedRun::execute);
+            super::stream_copy::fence();
+            return Ok(());
+        }
+        drop(st);
+        if !owned.is_empty() {
+            stream.push(Op::Copy(owned))?;
+        }
+        self.synchronize_stream(stream)
+    }
+
     fn synchronize_stream(&self, stream: &HostStream) -> Result<()> {
         self.check_stream(stream)?;
         let shared = &stream.shared;
