@@ -311,7 +311,7 @@ struct StoreArgs {
     #[arg(long)]
     no_fio: bool,
     /// Rounds, interleaved with the limits; the medians are compared.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     reps: usize,
     /// The store's I/O engine: auto, io_uring, libaio or posix.
     #[arg(long, default_value = "auto")]

@@ -78,7 +78,7 @@ impl Default for StoreBenchConfig {
             bytes: 1 << 30,
             use_fio: true,
             lookups: 10_000,
-            reps: 3,
+            reps: 5,
             engine: IoEngineKind::Auto,
         }
     }
