@@ -187,16 +187,9 @@ impl OwnedRun {
     /// fences after each batch).
     fn execute(&self) {
         let (dst, src) = self.ends();
-        let disjoint =
-            dst as usize >= src as usize + self.len || src as usize >= dst as usize + self.len;
-        if disjoint {
-            // SAFETY: the run was validated (same device, in bounds), the
-            // handles keep both regions alive, and the ranges are disjoint.
-            unsafe { super::stream_copy::copy(dst, src, self.len) };
-        } else {
-            // SAFETY: as above; `copy` allows the overlap.
-            unsafe { std::ptr::copy(src, dst, self.len) };
-        }
+        // SAFETY: the run was validated (same device, in bounds) and the
+        // handles keep both regions alive.
+        unsafe { stream_run(dst, src, self.len) };
     }
 
     /// A plain `memcpy` (the C library's).
@@ -205,6 +198,22 @@ impl OwnedRun {
         // SAFETY: the run was validated (same device, in bounds, no overlap
         // inside one region) and the handles keep both regions alive.
         unsafe { std::ptr::copy(src, dst, self.len) };
+    }
+}
+
+/// Copies one validated run: streaming stores where the ranges are
+/// disjoint, `memmove` where they overlap.
+///
+/// # Safety
+/// Both ranges lie within live regions of this device (a validated run).
+unsafe fn stream_run(dst: *mut u8, src: *const u8, len: usize) {
+    let disjoint = dst as usize >= src as usize + len || src as usize >= dst as usize + len;
+    if disjoint {
+        // SAFETY: the caller's contract, and the ranges are disjoint.
+        unsafe { super::stream_copy::copy(dst, src, len) };
+    } else {
+        // SAFETY: the caller's contract; `copy` allows the overlap.
+        unsafe { std::ptr::copy(src, dst, len) };
     }
 }
 
@@ -483,19 +492,27 @@ impl Device for HostDevice {
 
     fn copy_batch_sync(&self, stream: &HostStream, runs: &[CopyRun<'_>]) -> Result<()> {
         self.check_stream(stream)?;
-        let owned = self.validate_runs(runs)?;
+        let valid = CopyRun::validate_batch(runs, self.id, self.copy_align)?;
         let st = lock(&stream.shared.state);
         if st.completed == st.submitted {
             // Idle: nothing queued can run before or beside these runs, and
-            // the lock held keeps later submissions behind them.
+            // the lock held keeps later submissions behind them. The runs
+            // are borrowed for the call: no handle is cloned.
             if let Some(e) = &st.error {
                 return Err(e.clone());
             }
-            owned.iter().for_each(OwnedRun::execute);
+            for (r, _) in valid {
+                let dst = (r.dst.addr() as usize + r.dst_offset) as *mut u8;
+                let src = (r.src.addr() as usize + r.src_offset) as *const u8;
+                // SAFETY: validated (this device, in bounds), and the
+                // caller's borrows keep both regions alive for the call.
+                unsafe { stream_run(dst, src, r.len) };
+            }
             super::stream_copy::fence();
             return Ok(());
         }
         drop(st);
+        let owned = self.validate_runs(runs)?;
         if !owned.is_empty() {
             stream.push(Op::Copy(owned))?;
         }
