@@ -184,18 +184,7 @@ const WORKER_POLL: std::time::Duration = std::time::Duration::from_micros(100);
 /// millisecond (measured: a quarter of `load_layerwise`'s 32 MiB loads took
 /// twice their copy time).
 fn next_job<T>(rx: &Receiver<T>) -> Option<T> {
-    let start = std::time::Instant::now();
-    loop {
-        match rx.try_recv() {
-            Ok(j) => return Some(j),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => {}
-        }
-        if start.elapsed() >= WORKER_POLL {
-            return rx.recv().ok();
-        }
-        std::thread::yield_now();
-    }
+    ucm_device::io::poll_recv(rx, WORKER_POLL).or_else(|| rx.recv().ok())
 }
 
 /// A submitted task.

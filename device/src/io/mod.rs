@@ -186,6 +186,14 @@ pub(crate) fn polling_fits(threads: usize) -> bool {
 /// Polls `rx` for up to [`SPIN`]; `None` when nothing arrived (or the
 /// sender is gone: the blocking receive then reports it).
 pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
+    poll_recv(rx, SPIN)
+}
+
+/// Polls `rx` for up to `poll`, yielding the core between tries; `None`
+/// when nothing arrived (or the sender is gone: a blocking receive after
+/// it reports that). For threads that are handed work microseconds apart
+/// and would otherwise sleep and be woken each time.
+pub fn poll_recv<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
     let start = std::time::Instant::now();
     loop {
         match rx.try_recv() {
@@ -193,7 +201,7 @@ pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
             Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
             Err(crossbeam_channel::TryRecvError::Empty) => {}
         }
-        if start.elapsed() >= SPIN {
+        if start.elapsed() >= poll {
             return None;
         }
         // Yield rather than spin: on a machine with few cores the thread
