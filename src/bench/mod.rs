@@ -24,14 +24,6 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// The largest finite value of `v` (0 for an empty slice).
-pub fn best(v: &[f64]) -> f64 {
-    v.iter()
-        .copied()
-        .filter(|x| x.is_finite())
-        .fold(0.0, f64::max)
-}
-
 /// The spread of one side of a comparison over its rounds: the median
 /// (what ratios are taken on) and the extremes. Rounds that produced no
 /// finite figure are left out.
@@ -122,8 +114,6 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
-        assert_eq!(best(&[1.0, 3.0, 2.0]), 3.0);
-        assert_eq!(best(&[]), 0.0);
         assert_eq!(gib_s(1 << 30, 2.0), 0.5);
     }
 

@@ -13,7 +13,9 @@ use std::thread;
 
 use crossbeam_channel::{unbounded, Sender};
 
-use super::{check_alloc_len, check_region, CopyRun, Device, DeviceId, HostFn, MemKind, Memory};
+use super::{
+    check_alloc_len, check_region, CopyKind, CopyRun, Device, DeviceId, HostFn, MemKind, Memory,
+};
 use crate::error::{DeviceError, Result};
 
 /// Alignment of host-device allocations (one page).
@@ -118,17 +120,35 @@ impl HostDevice {
     }
 
     fn validate_runs(&self, runs: &[CopyRun<'_>]) -> Result<Vec<OwnedRun>> {
-        Ok(CopyRun::validate_batch(runs, self.id, self.copy_align)?
-            .into_iter()
-            .map(|(r, _)| OwnedRun {
-                dst: r.dst.clone(),
-                dst_offset: r.dst_offset,
-                src: r.src.clone(),
-                src_offset: r.src_offset,
-                len: r.len,
-            })
-            .collect())
+        Ok(own(CopyRun::validate_batch(
+            runs,
+            self.id,
+            self.copy_align,
+        )?))
     }
+}
+
+/// Runs that passed validation, with handles of their own for a stream's
+/// queue.
+fn own(valid: Vec<(&CopyRun<'_>, CopyKind)>) -> Vec<OwnedRun> {
+    valid
+        .into_iter()
+        .map(|(r, _)| OwnedRun {
+            dst: r.dst.clone(),
+            dst_offset: r.dst_offset,
+            src: r.src.clone(),
+            src_offset: r.src_offset,
+            len: r.len,
+        })
+        .collect()
+}
+
+/// The addresses a run copies to and from.
+fn ends(dst: &Memory, dst_offset: usize, src: &Memory, src_offset: usize) -> (*mut u8, *const u8) {
+    (
+        (dst.addr() as usize + dst_offset) as *mut u8,
+        (src.addr() as usize + src_offset) as *const u8,
+    )
 }
 
 /// A page-aligned heap allocation, zeroed, freed on drop.
@@ -177,10 +197,7 @@ struct OwnedRun {
 
 impl OwnedRun {
     fn ends(&self) -> (*mut u8, *const u8) {
-        (
-            (self.dst.addr() as usize + self.dst_offset) as *mut u8,
-            (self.src.addr() as usize + self.src_offset) as *const u8,
-        )
+        ends(&self.dst, self.dst_offset, &self.src, self.src_offset)
     }
 
     /// The copy of a stream: large runs with streaming stores (the stream
@@ -502,8 +519,7 @@ impl Device for HostDevice {
                 return Err(e.clone());
             }
             for (r, _) in valid {
-                let dst = (r.dst.addr() as usize + r.dst_offset) as *mut u8;
-                let src = (r.src.addr() as usize + r.src_offset) as *const u8;
+                let (dst, src) = ends(r.dst, r.dst_offset, r.src, r.src_offset);
                 // SAFETY: validated (this device, in bounds), and the
                 // caller's borrows keep both regions alive for the call.
                 unsafe { stream_run(dst, src, r.len) };
@@ -512,7 +528,7 @@ impl Device for HostDevice {
             return Ok(());
         }
         drop(st);
-        let owned = self.validate_runs(runs)?;
+        let owned = own(valid);
         if !owned.is_empty() {
             stream.push(Op::Copy(owned))?;
         }
