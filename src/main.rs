@@ -260,7 +260,7 @@ struct HashArgs {
     /// Tokens hashed per round.
     #[arg(long, default_value_t = 4 << 20)]
     tokens: usize,
-    /// Rounds (the best of each side counts).
+    /// Rounds of each side, interleaved (the medians are compared).
     #[arg(long, default_value_t = 5)]
     reps: usize,
 }
@@ -980,8 +980,11 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
             println!(
-                "{:<22} {:>8.3} GiB/s  baseline {:>8.3} GiB/s  ratio {:.3}",
-                r.case, r.gib_s, r.limit_gib_s, r.ratio
+                "{:<22} {} GiB/s  baseline {} GiB/s  ratio {:.3}",
+                r.case,
+                r.spread.text(3),
+                r.limit_spread.text(3),
+                r.ratio
             );
         }
     }
@@ -1041,8 +1044,11 @@ fn bench_hash(a: HashArgs) -> Result<(), String> {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
             println!(
-                "chain_ids {:>4}-token blocks  {:.3} GiB/s  raw md5 {:.3} GiB/s  ratio {:.3}",
-                r.block_tokens, r.gib_s, r.limit, r.ratio
+                "chain_ids {:>4}-token blocks  {} GiB/s  raw md5 {} GiB/s  ratio {:.3}",
+                r.block_tokens,
+                r.spread.text(3),
+                r.limit_spread.text(3),
+                r.ratio
             );
         }
     }

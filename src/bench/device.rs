@@ -1,7 +1,9 @@
 //! `ucm bench device`: copy throughput through the `Device` trait against
 //! the backend's raw copy path, measured in the same run.
 //!
-//! Cases (one JSON record each, `{"case","gib_s","limit_gib_s","ratio"}`):
+//! Cases (one JSON record each, `{"case","gib_s","limit_gib_s","ratio",
+//! "spread","limit_spread","load_average"}`: medians over the rounds, the
+//! ratio of the medians, each side's median, min and max):
 //! - `h2d_pinned`, `d2h_pinned`: chunked async copies between pinned and
 //!   device memory through the trait, against the backend's raw copy loop
 //!   of the same bytes (memcpy on the host device, `aclrtMemcpyAsync`
@@ -21,7 +23,7 @@ use std::time::Instant;
 use serde::Serialize;
 use ucm_device::{CopyRun, Device, DeviceError, Memory};
 
-use super::{gib_s, median};
+use super::{gib_s, median, Spread};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +60,12 @@ pub struct DeviceBenchRecord {
     /// Layerwise case only: the share of I/O time hidden behind compute.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden_io_fraction: Option<f64>,
+    /// Ours over the rounds (GiB/s): median, min, max.
+    pub spread: Spread,
+    /// The baseline over the rounds (GiB/s).
+    pub limit_spread: Spread,
+    /// The machine's 1-minute load average at the start of the bench.
+    pub load_average: Option<f64>,
 }
 
 /// The backend's raw copy path: copies `len` bytes `src -> dst` and returns
@@ -86,15 +94,22 @@ fn chunked<D: Device>(
     dev.synchronize_stream(s)
 }
 
-fn record(case: &str, ours: &[f64], limit: &[f64]) -> DeviceBenchRecord {
-    let (g, l) = (median(ours), median(limit));
+fn record(case: &str, ours: &[f64], limit: &[f64], load: Option<f64>) -> DeviceBenchRecord {
+    let (g, l) = (Spread::of(ours), Spread::of(limit));
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     DeviceBenchRecord {
         case: case.to_string(),
-        gib_s: r3(g),
-        limit_gib_s: r3(l),
-        ratio: if l > 0.0 { r3(g / l) } else { 0.0 },
+        gib_s: r3(g.median),
+        limit_gib_s: r3(l.median),
+        ratio: if l.median > 0.0 {
+            r3(g.median / l.median)
+        } else {
+            0.0
+        },
         hidden_io_fraction: None,
+        spread: g.rounded(3),
+        limit_spread: l.rounded(3),
+        load_average: load,
     }
 }
 
@@ -110,6 +125,7 @@ pub fn run<D: Device>(
             "bench device needs reps >= 1, at least 64 KiB and a non-zero chunk".into(),
         ));
     }
+    let load = super::announce_load(&mut progress);
     let bytes = cfg.bytes / (64 << 10) * (64 << 10);
     let cfg = DeviceBenchConfig { bytes, ..*cfg };
     let host = dev.alloc_pinned(bytes)?;
@@ -130,7 +146,7 @@ pub fn run<D: Device>(
                 ours.push(timed(|| chunked(dev, &s, dst, src, &cfg), bytes)?);
             }
         }
-        let r = record(case, &ours, &limit);
+        let r = record(case, &ours, &limit, load);
         progress(&format!(
             "{case}: {:.3} GiB/s vs raw {:.3} GiB/s (ratio {:.2})",
             r.gib_s, r.limit_gib_s, r.ratio
@@ -161,7 +177,7 @@ pub fn run<D: Device>(
             ours.push(timed(scattered, bytes)?);
         }
     }
-    let r = record("scatter_64k", &ours, &limit);
+    let r = record("scatter_64k", &ours, &limit, load);
     progress(&format!(
         "scatter_64k: {:.3} GiB/s vs contiguous {:.3} GiB/s (ratio {:.2})",
         r.gib_s, r.limit_gib_s, r.ratio
@@ -246,18 +262,20 @@ pub fn layerwise<D: Device>(
             dev.synchronize_stream(&comp)
         })?);
     }
-    let (io, c, pipe) = (median(&t_io), median(&t_c), median(&t_pipe));
-    let hidden = ((io + c - pipe) / io.max(1e-12)).clamp(0.0, 1.0);
+    let (io, c) = (median(&t_io), median(&t_c));
+    let hidden = ((io + c - median(&t_pipe)) / io.max(1e-12)).clamp(0.0, 1.0);
     let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
-    let gib = gib_s(total as u64, pipe);
-    let limit = gib_s(total as u64, io.max(c));
-    Ok(DeviceBenchRecord {
-        case: "layerwise".into(),
-        gib_s: r3(gib),
-        limit_gib_s: r3(limit),
-        ratio: if limit > 0.0 { r3(gib / limit) } else { 0.0 },
-        hidden_io_fraction: Some(r3(hidden)),
-    })
+    // Per round: the pipeline's load rate, and the rate of perfect overlap.
+    let rate = |t: &[f64]| -> Vec<f64> { t.iter().map(|&x| gib_s(total as u64, x)).collect() };
+    let ideal: Vec<f64> = t_io.iter().zip(&t_c).map(|(a, b)| a.max(*b)).collect();
+    let mut r = record(
+        "layerwise",
+        &rate(&t_pipe),
+        &rate(&ideal),
+        super::load_average(),
+    );
+    r.hidden_io_fraction = Some(r3(hidden));
+    Ok(r)
 }
 
 #[cfg(test)]

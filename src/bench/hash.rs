@@ -5,13 +5,14 @@
 //! a hasher could do with no encoding work at all. The measured path is
 //! [`chain_ids`](crate::coordinator::hash::chain_ids) over the same tokens,
 //! which also encodes the tokens and chains the parents. Goal: ratio >= 0.9
-//! on 128-token blocks.
+//! on 128-token blocks, on the medians of interleaved rounds.
 
 use std::time::Instant;
 
 use md5::{Digest, Md5};
 use serde::Serialize;
 
+use super::Spread;
 use crate::coordinator::hash::{chain_ids, Id, RequestKeys};
 
 /// One result.
@@ -21,22 +22,29 @@ pub struct HashRecord {
     pub path: String,
     /// Tokens per block.
     pub block_tokens: usize,
-    /// Token bytes hashed per second, in GiB/s.
+    /// Token bytes hashed per second, in GiB/s (median round).
     pub gib_s: f64,
-    /// Raw md5 over the same messages, GiB/s of token bytes.
+    /// Raw md5 over the same messages, GiB/s of token bytes (median round).
     pub limit: f64,
-    /// `gib_s / limit`.
+    /// `gib_s / limit`: the ratio of the medians.
     pub ratio: f64,
+    /// `chain_ids` over the rounds: median, min, max.
+    pub spread: Spread,
+    /// Raw md5 over the rounds.
+    pub limit_spread: Spread,
+    /// The machine's 1-minute load average at the start of the bench.
+    pub load_average: Option<f64>,
 }
 
-/// Runs `reps` interleaved rounds over `tokens` tokens for each block size,
-/// keeping the best round of each side.
+/// Runs `reps` interleaved rounds over `tokens` tokens for each block size
+/// and compares the medians of the two sides.
 pub fn run(
     block_sizes: &[usize],
     tokens: usize,
     reps: usize,
-    progress: impl Fn(&str),
+    mut progress: impl FnMut(&str),
 ) -> Vec<HashRecord> {
+    let load = super::announce_load(&mut progress);
     let toks: Vec<u32> = (0..tokens as u32)
         .map(|i| i.wrapping_mul(2_654_435_761) >> 15)
         .collect();
@@ -52,7 +60,7 @@ pub fn run(
                 m[16 + 4 * i..20 + 4 * i].copy_from_slice(&t.to_le_bytes());
             }
         }
-        let (mut best_raw, mut best_ids) = (f64::MAX, f64::MAX);
+        let (mut raws, mut chains) = (Vec::new(), Vec::new());
         let mut sink = 0u8;
         for rep in 0..reps {
             let t = Instant::now();
@@ -60,23 +68,46 @@ pub fn run(
                 let d: Id = Md5::digest(m).into();
                 sink ^= d[0];
             }
-            best_raw = best_raw.min(t.elapsed().as_secs_f64());
+            raws.push(token_bytes / t.elapsed().as_secs_f64());
             let t = Instant::now();
             let ids = chain_ids(&[7u8; 16], &toks, bs, &RequestKeys::default());
-            best_ids = best_ids.min(t.elapsed().as_secs_f64());
+            chains.push(token_bytes / t.elapsed().as_secs_f64());
             sink ^= ids.last().map_or(0, |d| d[0]);
             progress(&format!("hash {bs}-token blocks: round {}/{reps}", rep + 1));
         }
         std::hint::black_box(sink);
-        let limit = token_bytes / best_raw;
-        let gib_s = token_bytes / best_ids;
+        let (spread, limit_spread) = (Spread::of(&chains), Spread::of(&raws));
         out.push(HashRecord {
             path: "chain_ids".into(),
             block_tokens: bs,
-            gib_s,
-            limit,
-            ratio: gib_s / limit,
+            gib_s: spread.median,
+            limit: limit_spread.median,
+            ratio: if limit_spread.median > 0.0 {
+                spread.median / limit_spread.median
+            } else {
+                0.0
+            },
+            spread,
+            limit_spread,
+            load_average: load,
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_run_reports_medians_and_spreads() {
+        let recs = run(&[16, 128], 4096, 3, |_| {});
+        assert_eq!(recs.len(), 2);
+        for r in &recs {
+            assert_eq!((r.spread.rounds, r.limit_spread.rounds), (3, 3));
+            assert_eq!((r.gib_s, r.limit), (r.spread.median, r.limit_spread.median));
+            assert!(r.spread.min <= r.gib_s && r.gib_s <= r.spread.max);
+            assert!(r.ratio > 0.0 && (r.ratio - r.gib_s / r.limit).abs() < 1e-12);
+        }
+    }
 }

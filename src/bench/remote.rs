@@ -19,29 +19,8 @@ use std::time::Instant;
 use redis::cluster::{cluster_pipe, ClusterClient};
 use serde::Serialize;
 
-use super::median;
+use super::Spread;
 use crate::store::{BlockId, Geometry, RemoteConfig, RemoteTier, StoreError};
-
-/// Median and range of one side over the rounds.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct Spread {
-    /// Median.
-    pub median: f64,
-    /// Smallest.
-    pub min: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Spread {
-    fn of(v: &[f64]) -> Spread {
-        Spread {
-            median: median(v),
-            min: v.iter().copied().fold(f64::INFINITY, f64::min),
-            max: v.iter().copied().fold(0.0, f64::max),
-        }
-    }
-}
 
 /// One result.
 #[derive(Clone, Debug, Serialize)]
@@ -60,8 +39,9 @@ pub struct RemoteRecord {
     pub ratio: f64,
     /// Lookups only: one `EXISTS` per id (a round trip each), ids/s.
     pub per_id: Option<Spread>,
-    /// The machine's 1-minute load average at the start.
-    pub load_average: f64,
+    /// The machine's 1-minute load average at the start (none without
+    /// `/proc/loadavg`).
+    pub load_average: Option<f64>,
 }
 
 /// What to run.
@@ -79,13 +59,6 @@ pub struct RemoteBenchConfig {
     pub rounds: usize,
     /// Ids of the lookup case.
     pub lookup_ids: usize,
-}
-
-fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 fn id(n: u64) -> BlockId {
@@ -109,7 +82,7 @@ pub fn run(
             "rounds, batch and value sizes must be positive".into(),
         ));
     }
-    let load = load_average();
+    let load = super::load_average();
     let ns = format!("bench-{}", std::process::id());
     let probe = RemoteConfig::from_url(
         &cfg.url,
@@ -336,8 +309,8 @@ pub fn render(records: &[RemoteRecord]) -> String {
                 .map_or("-".to_string(), |p| format!("{:.0}", p.median)),
         ));
     }
-    if let Some(r) = records.first() {
-        s.push_str(&format!("load average at start: {:.2}\n", r.load_average));
+    if let Some(l) = records.first().and_then(|r| r.load_average) {
+        s.push_str(&format!("load average at start: {l:.2}\n"));
     }
     s
 }
