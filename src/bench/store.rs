@@ -10,7 +10,8 @@
 //! - `load_layerwise`: one shard index at a time across all blocks (pool
 //!   hits); limit: memcpy;
 //! - `lookup_disk` / `lookup_pool`: 10,000 ids of which 9,000 are present
-//!   (a one-shard geometry); limits: a raw `stat` of the same paths, and a
+//!   (a one-shard geometry); limits: a raw batched `statx` of the same paths
+//!   (built beforehand, on as many threads as the store has workers), and a
 //!   hash-set probe of the same ids.
 //!
 //! The memcpy limit is defined once ([`memcpy_limit`]): the C library's
@@ -531,18 +532,34 @@ fn opt3(x: Option<f64>) -> String {
     x.map_or_else(|| "n/a".into(), |v| format!("{v:.3}"))
 }
 
-/// Lookups per second of `ours` and `base` (each looks up `n` ids) over 5
-/// interleaved passes of each, so that one pass of a few milliseconds on a
-/// shared machine does not decide the ratio.
-fn rates(n: usize, mut ours: impl FnMut(), mut base: impl FnMut()) -> (Vec<f64>, Vec<f64>) {
+/// Ids a timed lookup pass covers at least: a pass of 10,000 ids in the
+/// pool takes a few hundred microseconds, too short to time on a shared
+/// machine, so each pass repeats the lookup until it has asked this many.
+const PASS_IDS: usize = 1 << 20;
+
+/// Lookups per second of `ours` and `base` (each looks up `n` ids per call)
+/// over 5 interleaved passes of each, each pass as many calls as make up
+/// `pass_ids` ids (at least one), so that one short pass on a shared
+/// machine does not decide the ratio.
+fn rates(
+    n: usize,
+    pass_ids: usize,
+    mut ours: impl FnMut(),
+    mut base: impl FnMut(),
+) -> (Vec<f64>, Vec<f64>) {
+    let calls = pass_ids.div_ceil(n.max(1)).max(1);
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         let t = Instant::now();
-        ours();
-        a.push(n as f64 / t.elapsed().as_secs_f64());
+        for _ in 0..calls {
+            ours();
+        }
+        a.push((n * calls) as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
-        base();
-        b.push(n as f64 / t.elapsed().as_secs_f64());
+        for _ in 0..calls {
+            base();
+        }
+        b.push((n * calls) as f64 / t.elapsed().as_secs_f64());
     }
     (a, b)
 }
@@ -576,6 +593,7 @@ fn run_lookups(
     let (mut hits, mut base_hits) = (0, 0);
     let (ours, limit) = rates(
         present,
+        PASS_IDS,
         || {
             hits = st.lookup(held).iter().filter(|&&p| p).count();
         },
@@ -599,6 +617,7 @@ fn run_lookups(
         .disk()
         .ok_or_else(|| StoreBenchError::Other("the lookup bench needs a disk tier".into()))?;
     let paths: Vec<PathBuf> = ids.iter().map(|i| disk.path_of(i)).collect();
+    let file_len = disk.file_bytes();
     let (mut ours, mut limit) = (Vec::new(), Vec::new());
     let (mut hits, mut base_hits) = (0, 0);
     for round in 0..5 {
@@ -610,7 +629,7 @@ fn run_lookups(
         hits = st.lookup(&ids).iter().filter(|&&p| p).count();
         ours.push(total as f64 / t.elapsed().as_secs_f64());
         let t = Instant::now();
-        base_hits = paths.iter().filter(|p| p.is_file()).count();
+        base_hits = raw_stats(&paths, file_len);
         limit.push(total as f64 / t.elapsed().as_secs_f64());
     }
     if hits != present || base_hits != present {
@@ -622,13 +641,15 @@ fn run_lookups(
     // lookup_disk_warm: the same store again: the ids it found are in its
     // presence summary (lazily invalidated), the absent ones are stat'ed.
     let (mut hits, mut base_hits) = (0, 0);
+    // One call per pass: the baseline stats every file each time.
     let (ours, limit) = rates(
+        total,
         total,
         || {
             hits = st.lookup(&ids).iter().filter(|&&p| p).count();
         },
         || {
-            base_hits = paths.iter().filter(|p| p.is_file()).count();
+            base_hits = raw_stats(&paths, file_len);
         },
     );
     if hits != present || base_hits != present {
@@ -638,6 +659,27 @@ fn run_lookups(
     }
     out.push(lookup_record(progress, "lookup_disk_warm", &ours, &limit));
     Ok(out)
+}
+
+/// The raw batched `statx` baseline of the disk lookups: the same files'
+/// metadata (links not followed) from paths built beforehand, split over
+/// [`STORE_WORKERS`] threads; counts regular files of `len` bytes.
+fn raw_stats(paths: &[PathBuf], len: u64) -> usize {
+    let count = |part: &[PathBuf]| {
+        part.iter()
+            .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && m.len() == len))
+            .count()
+    };
+    let per = paths.len().div_ceil(STORE_WORKERS).max(1);
+    std::thread::scope(|s| {
+        let others: Vec<_> = paths
+            .chunks(per)
+            .skip(1)
+            .map(|c| s.spawn(move || count(c)))
+            .collect();
+        let mine = paths.chunks(per).next().map_or(0, count);
+        mine + others.into_iter().map(|h| h.join().unwrap_or(0)).sum::<usize>()
+    })
 }
 
 fn lookup_record(

@@ -747,7 +747,19 @@ impl<D: Device> Drop for TieredBlockStore<D> {
 
 impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
-        let mut found: Vec<bool> = ids.iter().map(|id| self.inner.present(id)).collect();
+        // The pool first, then the disk for the rest in one batch (its
+        // presence summary, then parallel stats), then each remote tier
+        // for what is still missing.
+        let mut found: Vec<bool> = ids.iter().map(|id| self.inner.in_pool(id)).collect();
+        if let Some(d) = &self.inner.disk {
+            let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
+            if !missing.is_empty() {
+                let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
+                for (i, there) in missing.into_iter().zip(d.lookup(&asked)) {
+                    found[i] = there;
+                }
+            }
+        }
         for r in &self.inner.remotes {
             // The misses of the tiers above, in one batched lookup.
             let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
@@ -763,8 +775,28 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     }
 
     fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize {
-        let local = ids.iter().take_while(|id| self.inner.present(id)).count();
-        if local == ids.len() || self.inner.remotes.is_empty() {
+        // Runs of ids the pool holds are counted at once; each run the
+        // pool lacks goes to the disk as one prefix lookup, which stops at
+        // its first miss.
+        let inner = &self.inner;
+        let mut local = 0;
+        while local < ids.len() {
+            if inner.in_pool(&ids[local]) {
+                local += 1;
+                continue;
+            }
+            let Some(d) = &inner.disk else { break };
+            let run = ids[local..]
+                .iter()
+                .position(|id| inner.in_pool(id))
+                .unwrap_or(ids.len() - local);
+            let on_disk = d.lookup_on_prefix(&ids[local..local + run]);
+            local += on_disk;
+            if on_disk < run {
+                break;
+            }
+        }
+        if local == ids.len() || inner.remotes.is_empty() {
             return local;
         }
         // Below the disk, a block counts if any tier holds it.
@@ -801,9 +833,9 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
 }
 
 impl<D: Device> Inner<D> {
-    fn present(&self, id: &BlockId) -> bool {
+    /// Every shard of `id` in the pool.
+    fn in_pool(&self, id: &BlockId) -> bool {
         (0..self.geo.shards_per_block).all(|s| self.pool.contains(&(*id, s)))
-            || self.disk.as_ref().is_some_and(|d| d.exists(id))
     }
 
     /// Queues `runs` on `stream` as one batch and waits for them.

@@ -31,6 +31,7 @@
 //! throttled per block.
 
 use std::collections::HashMap;
+use std::ffi::CStr;
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use ucm_device::io::DIRECT_IO_ALIGN;
+use ucm_device::io::IoDir;
 use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, OpenOptions};
 
 use crate::error::{Result, StoreError};
@@ -142,6 +144,25 @@ fn hex(id: &BlockId) -> String {
         s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+/// Block `id`'s file name relative to `blocks/` (`ab/cd/<hex>.blk`),
+/// NUL-terminated, built on the stack.
+fn rel_name(id: &BlockId) -> [u8; 43] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 32];
+    for (i, b) in id.iter().enumerate() {
+        hex[2 * i] = DIGITS[(b >> 4) as usize];
+        hex[2 * i + 1] = DIGITS[(b & 15) as usize];
+    }
+    let mut n = [0u8; 43];
+    n[0..2].copy_from_slice(&hex[0..2]);
+    n[2] = b'/';
+    n[3..5].copy_from_slice(&hex[2..4]);
+    n[5] = b'/';
+    n[6..38].copy_from_slice(&hex);
+    n[38..42].copy_from_slice(b".blk");
+    n
 }
 
 fn mkdir(path: &Path) -> Result<()> {
@@ -277,6 +298,24 @@ impl DiskTier {
             .is_ok_and(|m| m.file_type().is_file() && m.len() == self.file_bytes())
     }
 
+    /// `blocks/`, opened for lookups by relative name (`None` when it is
+    /// missing or not a directory: then nothing is present). Opened per
+    /// batch, so a directory removed and made again is never a stale
+    /// handle.
+    fn blocks_dir(&self) -> Option<IoDir> {
+        IoDir::open(self.cfg.dir.join("blocks")).ok()
+    }
+
+    /// Presence of `id` beneath `blocks`: a regular file (its last
+    /// component not a link) of the full block length.
+    fn stat_in(&self, blocks: &IoDir, id: &BlockId) -> bool {
+        let name = rel_name(id);
+        CStr::from_bytes_with_nul(&name)
+            .ok()
+            .and_then(|n| blocks.stat(n))
+            .is_some_and(|e| e.regular && e.len == self.file_bytes())
+    }
+
     fn remember(&self, ids: impl IntoIterator<Item = BlockId>) {
         let mut k = self.known.write().unwrap_or_else(|e| e.into_inner());
         // Bounded: past twice the capacity the summary starts over.
@@ -308,8 +347,16 @@ impl DiskTier {
             ids.iter().map(|id| k.contains(id)).collect()
         };
         let unknown: Vec<usize> = (0..ids.len()).filter(|&i| !out[i]).collect();
+        if unknown.is_empty() {
+            return out;
+        }
+        let Some(blocks) = self.blocks_dir() else {
+            return out;
+        };
         let stat_all = |part: &[usize]| -> Vec<(usize, bool)> {
-            part.iter().map(|&i| (i, self.stat_only(&ids[i]))).collect()
+            part.iter()
+                .map(|&i| (i, self.stat_in(&blocks, &ids[i])))
+                .collect()
         };
         let found: Vec<(usize, bool)> = if unknown.len() < PARALLEL_LOOKUP {
             stat_all(&unknown)
@@ -330,9 +377,27 @@ impl DiskTier {
         out
     }
 
-    /// Number of leading ids present.
+    /// Number of leading ids present (stops at the first miss).
     pub fn lookup_on_prefix(&self, ids: &[BlockId]) -> usize {
-        ids.iter().take_while(|id| self.exists(id)).count()
+        let mut blocks = None;
+        let mut n = 0;
+        for id in ids {
+            let here = self.is_known(id)
+                || blocks
+                    .get_or_insert_with(|| self.blocks_dir())
+                    .as_ref()
+                    .is_some_and(|d| self.stat_in(d, id));
+            if !here {
+                break;
+            }
+            n += 1;
+        }
+        // What the file system was asked and found is remembered (one
+        // write).
+        if n > 0 && blocks.is_some() {
+            self.remember(ids[..n].iter().copied());
+        }
+        n
     }
 
     fn header(&self, id: &BlockId, shards: &[IoBuf]) -> IoBuf {
@@ -989,6 +1054,30 @@ impl ReadSession {
                     self.files.remove(&old);
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relative_name_is_the_path_beneath_blocks() {
+        let tier_dir = Path::new("/s");
+        for n in [0u8, 7, 0xab, 0xff] {
+            let mut id = [0u8; 16];
+            for (i, b) in id.iter_mut().enumerate() {
+                *b = n.wrapping_mul(i as u8 + 1) ^ (i as u8);
+            }
+            let name = rel_name(&id);
+            let rel = CStr::from_bytes_with_nul(&name).unwrap().to_str().unwrap();
+            let h = hex(&id);
+            let full = tier_dir
+                .join("blocks")
+                .join(format!("{}/{}/{h}.blk", &h[0..2], &h[2..4]));
+            assert_eq!(tier_dir.join("blocks").join(rel), full);
+            assert_eq!(parse_hex(&rel[6..38]), Some(id));
         }
     }
 }

@@ -16,6 +16,7 @@
 
 mod aio;
 pub mod buf;
+pub mod dir;
 pub mod faults;
 pub mod file;
 mod posix;
@@ -32,6 +33,7 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
 pub use buf::{IoBuf, DIRECT_IO_ALIGN};
+pub use dir::{Entry, IoDir};
 pub use file::{IoFile, OpenOptions};
 
 use crate::error::{DeviceError, Result};
