@@ -678,7 +678,10 @@ fn raw_stats(paths: &[PathBuf], len: u64) -> usize {
             .map(|c| s.spawn(move || count(c)))
             .collect();
         let mine = paths.chunks(per).next().map_or(0, count);
-        mine + others.into_iter().map(|h| h.join().unwrap_or(0)).sum::<usize>()
+        mine + others
+            .into_iter()
+            .map(|h| h.join().unwrap_or(0))
+            .sum::<usize>()
     })
 }
 

@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::io::IoDir;
+use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, OpenOptions};
 
 use crate::error::{Result, StoreError};

@@ -167,6 +167,17 @@ fn presence_is_a_regular_file_of_the_full_length() {
         .unwrap()
         .success());
     symlink(t.path_of(&good), place(&ids[4])).unwrap();
+    // (Before any read, which removes a damaged file.) A tier that has
+    // seen none of them (a new process) asks the file system: the prefix stops at the first bad file, and a batch large
+    // enough to be split over threads sees the same as a small one.
+    let fresh = open(store.path()).unwrap();
+    assert_eq!(fresh.lookup_on_prefix(&[good, ids[0], good]), 1);
+    let fresh = open(store.path()).unwrap();
+    let mut many = vec![good; 600];
+    many.extend(&ids);
+    let got = fresh.lookup(&many);
+    assert!(got[..600].iter().all(|&p| p), "the valid block");
+    assert!(got[600..].iter().all(|&p| !p), "a bad file counted");
     for id in &ids {
         assert!(!t.exists(id), "{id:?} counted as present");
         // The load path refuses it too (a miss or an error, never bytes,
@@ -178,17 +189,6 @@ fn presence_is_a_regular_file_of_the_full_length() {
     }
     assert!(t.lookup(&ids).iter().all(|p| !p));
     assert_eq!(t.enumerate(), vec![good]);
-    // A tier that has seen none of them (a new process) asks the file
-    // system: the prefix stops at the first bad file, and a batch large
-    // enough to be split over threads sees the same as a small one.
-    let fresh = open(store.path()).unwrap();
-    assert_eq!(fresh.lookup_on_prefix(&[good, ids[0], good]), 1);
-    let fresh = open(store.path()).unwrap();
-    let mut many = vec![good; 600];
-    many.extend(&ids);
-    let got = fresh.lookup(&many);
-    assert!(got[..600].iter().all(|&p| p), "the valid block");
-    assert!(got[600..].iter().all(|&p| !p), "a bad file counted");
 }
 
 #[test]
