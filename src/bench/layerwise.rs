@@ -123,6 +123,10 @@ struct Model {
     units: Arc<UnitMap>,
     dev: Arc<HostDevice>,
     tokens: Arc<Vec<u32>>,
+    /// Each layer's KV region, allocated and touched once, as an engine
+    /// allocates its KV cache at start-up: a region allocated per round
+    /// would put its first-touch page faults inside the timed loads.
+    layers: Vec<crate::device::Memory>,
 }
 
 fn open(
@@ -175,14 +179,14 @@ fn drive(
         },
     )?;
     let stride = stores.shard_bytes(0);
-    let mut regs = Vec::new();
-    for l in 0..cfg.units {
-        regs.push(LayerRegistration {
+    let regs = (0..cfg.units)
+        .zip(&m.layers)
+        .map(|(l, memory)| LayerRegistration {
             layer: l,
-            memory: m.dev.alloc_device(stride * (cfg.blocks + 1))?,
+            memory: memory.clone(),
             stride,
-        });
-    }
+        })
+        .collect();
     worker.register_kv_caches(regs)?;
     let req = EngineRequest {
         id: id.into(),
@@ -254,11 +258,24 @@ pub fn run(
         cfg.bytes_per_token
     );
     let spec = Arc::new(SpecTable::from_toml(&toml)?);
+    let dev = Arc::new(HostDevice::new());
+    let layer_bytes = usize::try_from(cfg.bytes_per_token)
+        .ok()
+        .and_then(|b| b.checked_mul(16 * (cfg.blocks + 1)))
+        .ok_or_else(|| LayerwiseError::Other("a layer's KV region is too large".into()))?;
+    let layers = (0..cfg.units)
+        .map(|_| {
+            let mem = dev.alloc_device(layer_bytes)?;
+            crate::device::conformance::upload(&*dev, &mem, 0, &vec![0u8; layer_bytes])?;
+            Ok(mem)
+        })
+        .collect::<Result<Vec<_>, crate::device::DeviceError>>()?;
     let m = Model {
         units: Arc::new(UnitMap::new(&spec)),
         spec,
-        dev: Arc::new(HostDevice::new()),
+        dev,
         tokens: Arc::new((0..cfg.blocks as u32 * 16 + 1).collect()),
+        layers,
     };
     let load = super::announce_load(&mut progress);
     progress(&format!(
