@@ -87,8 +87,8 @@ pub fn run(
             } else {
                 0.0
             },
-            spread,
-            limit_spread,
+            spread: spread.rounded(4),
+            limit_spread: limit_spread.rounded(4),
             load_average: load,
         });
     }
@@ -99,14 +99,21 @@ pub fn run(
 mod tests {
     use super::*;
 
+    fn round4(x: f64) -> f64 {
+        (x * 1e4).round() / 1e4
+    }
+
     #[test]
     fn a_small_run_reports_medians_and_spreads() {
         let recs = run(&[16, 128], 4096, 3, |_| {});
         assert_eq!(recs.len(), 2);
         for r in &recs {
             assert_eq!((r.spread.rounds, r.limit_spread.rounds), (3, 3));
-            assert_eq!((r.gib_s, r.limit), (r.spread.median, r.limit_spread.median));
-            assert!(r.spread.min <= r.gib_s && r.gib_s <= r.spread.max);
+            assert_eq!(
+                (r.spread.median, r.limit_spread.median),
+                (round4(r.gib_s), round4(r.limit))
+            );
+            assert!(r.spread.min <= r.spread.median && r.spread.median <= r.spread.max);
             assert!(r.ratio > 0.0 && (r.ratio - r.gib_s / r.limit).abs() < 1e-12);
         }
     }

@@ -116,7 +116,7 @@ impl Default for IoBenchConfig {
             ops: Pattern::ALL.to_vec(),
             blocks: vec![64 << 10, 512 << 10, 2 << 20],
             depths: vec![1, 8, 32],
-            file_bytes: 256 << 20,
+            file_bytes: 1 << 30,
             reps: 5,
             use_fio: true,
         }
