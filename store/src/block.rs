@@ -745,6 +745,24 @@ impl<D: Device> Drop for TieredBlockStore<D> {
     }
 }
 
+/// Asks one tier, in one batched `lookup`, for the ids the tiers above
+/// it lack, and marks those it holds. False when nothing was missing.
+fn ask_for_misses(
+    ids: &[BlockId],
+    found: &mut [bool],
+    lookup: impl FnOnce(&[BlockId]) -> Vec<bool>,
+) -> bool {
+    let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
+    if missing.is_empty() {
+        return false;
+    }
+    let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
+    for (i, there) in missing.into_iter().zip(lookup(&asked)) {
+        found[i] = there;
+    }
+    true
+}
+
 impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     fn lookup(&self, ids: &[BlockId]) -> Vec<bool> {
         // The pool first, then the disk for the rest in one batch (its
@@ -752,23 +770,11 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
         // for what is still missing.
         let mut found: Vec<bool> = ids.iter().map(|id| self.inner.in_pool(id)).collect();
         if let Some(d) = &self.inner.disk {
-            let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
-            if !missing.is_empty() {
-                let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
-                for (i, there) in missing.into_iter().zip(d.lookup(&asked)) {
-                    found[i] = there;
-                }
-            }
+            ask_for_misses(ids, &mut found, |asked| d.lookup(asked));
         }
         for r in &self.inner.remotes {
-            // The misses of the tiers above, in one batched lookup.
-            let missing: Vec<usize> = (0..ids.len()).filter(|&i| !found[i]).collect();
-            if missing.is_empty() {
+            if !ask_for_misses(ids, &mut found, |asked| r.lookup(asked)) {
                 break;
-            }
-            let asked: Vec<BlockId> = missing.iter().map(|&i| ids[i]).collect();
-            for (i, there) in missing.into_iter().zip(r.lookup(&asked)) {
-                found[i] = there;
             }
         }
         found
