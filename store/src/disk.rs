@@ -44,7 +44,7 @@ use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, OpenOptions};
 
 use crate::error::{Result, StoreError};
-use crate::geometry::{BlockId, Geometry};
+use crate::geometry::{hex, hex_digits, BlockId, Geometry};
 use crate::{header, paths};
 
 /// How the disk tier is set up.
@@ -136,25 +136,10 @@ const PARALLEL_LOOKUP: usize = 512;
 /// One block's reads as they completed: (bytes, buffer), header first.
 type Parts = Vec<(usize, Option<IoBuf>)>;
 
-fn hex(id: &BlockId) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(32);
-    for b in id {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
-}
-
 /// Block `id`'s file name relative to `blocks/` (`ab/cd/<hex>.blk`),
 /// NUL-terminated, built on the stack.
 fn rel_name(id: &BlockId) -> [u8; 43] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = [0u8; 32];
-    for (i, b) in id.iter().enumerate() {
-        hex[2 * i] = DIGITS[(b >> 4) as usize];
-        hex[2 * i + 1] = DIGITS[(b & 15) as usize];
-    }
+    let hex = hex_digits(id);
     let mut n = [0u8; 43];
     n[0..2].copy_from_slice(&hex[0..2]);
     n[2] = b'/';
@@ -273,7 +258,7 @@ impl DiskTier {
     /// file is a regular file (not a link) of the full block length. An
     /// empty, truncated or foreign file is absent; no read is needed.
     pub fn exists(&self, id: &BlockId) -> bool {
-        self.is_known(id) || self.stat(id)
+        self.lookup_on_prefix(std::slice::from_ref(id)) == 1
     }
 
     fn is_known(&self, id: &BlockId) -> bool {
@@ -281,21 +266,6 @@ impl DiskTier {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .contains(id)
-    }
-
-    /// Asks the file system; remembers a block found.
-    fn stat(&self, id: &BlockId) -> bool {
-        let here = self.stat_only(id);
-        if here {
-            self.remember(std::iter::once(*id));
-        }
-        here
-    }
-
-    /// Asks the file system only: a regular file of the full length.
-    fn stat_only(&self, id: &BlockId) -> bool {
-        fs::symlink_metadata(self.path_of(id))
-            .is_ok_and(|m| m.file_type().is_file() && m.len() == self.file_bytes())
     }
 
     /// `blocks/`, opened for lookups by relative name (`None` when it is

@@ -6,6 +6,22 @@ use ucm_device::io::DIRECT_IO_ALIGN;
 /// A block id: 16 bytes, content-addressed and prefix-chained upstream.
 pub type BlockId = [u8; 16];
 
+/// The 32 lowercase hex digits of `id` (its name in files and keys).
+pub(crate) fn hex_digits(id: &BlockId) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 32];
+    for (i, b) in id.iter().enumerate() {
+        hex[2 * i] = DIGITS[usize::from(b >> 4)];
+        hex[2 * i + 1] = DIGITS[usize::from(b & 15)];
+    }
+    hex
+}
+
+/// The lowercase hex of `id`.
+pub(crate) fn hex(id: &BlockId) -> String {
+    hex_digits(id).iter().map(|&d| char::from(d)).collect()
+}
+
 /// The shape of every block of one store instance. Another geometry means
 /// another instance, with its own directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

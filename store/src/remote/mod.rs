@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::{Result, StoreError};
-use crate::geometry::{BlockId, Geometry};
+use crate::geometry::{hex, BlockId, Geometry};
 use crate::header;
 
 pub use self::s3::S3Location;
@@ -234,17 +234,6 @@ impl std::fmt::Debug for RemoteTier {
             .field("base", &self.base)
             .finish()
     }
-}
-
-/// The lowercase hex of `id`.
-fn hex(id: &BlockId) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(32);
-    for b in id {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    out
 }
 
 impl RemoteTier {
