@@ -23,7 +23,7 @@ use std::time::Instant;
 use serde::Serialize;
 use ucm_device::{CopyRun, Device, DeviceError, Memory};
 
-use super::{gib_s, median, Spread};
+use super::{gib_s, median, round_to, Spread};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug)]
@@ -96,13 +96,12 @@ fn chunked<D: Device>(
 
 fn record(case: &str, ours: &[f64], limit: &[f64], load: Option<f64>) -> DeviceBenchRecord {
     let (g, l) = (Spread::of(ours), Spread::of(limit));
-    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     DeviceBenchRecord {
         case: case.to_string(),
-        gib_s: r3(g.median),
-        limit_gib_s: r3(l.median),
+        gib_s: round_to(g.median, 3),
+        limit_gib_s: round_to(l.median, 3),
         ratio: if l.median > 0.0 {
-            r3(g.median / l.median)
+            round_to(g.median / l.median, 3)
         } else {
             0.0
         },
@@ -264,7 +263,6 @@ pub fn layerwise<D: Device>(
     }
     let (io, c) = (median(&t_io), median(&t_c));
     let hidden = ((io + c - median(&t_pipe)) / io.max(1e-12)).clamp(0.0, 1.0);
-    let r3 = |x: f64| (x * 1000.0).round() / 1000.0;
     // Per round: the pipeline's load rate, and the rate of perfect overlap.
     let rate = |t: &[f64]| -> Vec<f64> { t.iter().map(|&x| gib_s(total as u64, x)).collect() };
     let ideal: Vec<f64> = t_io.iter().zip(&t_c).map(|(a, b)| a.max(*b)).collect();
@@ -274,7 +272,7 @@ pub fn layerwise<D: Device>(
         &rate(&ideal),
         super::load_average(),
     );
-    r.hidden_io_fraction = Some(r3(hidden));
+    r.hidden_io_fraction = Some(round_to(hidden, 3));
     Ok(r)
 }
 

@@ -98,10 +98,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn round4(x: f64) -> f64 {
-        (x * 1e4).round() / 1e4
-    }
+    use crate::bench::round_to;
 
     #[test]
     fn a_small_run_reports_medians_and_spreads() {
@@ -111,7 +108,7 @@ mod tests {
             assert_eq!((r.spread.rounds, r.limit_spread.rounds), (3, 3));
             assert_eq!(
                 (r.spread.median, r.limit_spread.median),
-                (round4(r.gib_s), round4(r.limit))
+                (round_to(r.gib_s, 4), round_to(r.limit, 4))
             );
             assert!(r.spread.min <= r.spread.median && r.spread.median <= r.spread.max);
             assert!(r.ratio > 0.0 && (r.ratio - r.gib_s / r.limit).abs() < 1e-12);

@@ -17,7 +17,7 @@ use ucm_device::{
     DeviceError, IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
 };
 
-use super::{gib_s, Spread};
+use super::{gib_s, round_to, Spread};
 
 /// Access pattern of a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -492,9 +492,9 @@ fn run_in(
                         op: pattern,
                         block_bytes: block,
                         depth,
-                        gib_s: round3(g),
-                        fio_gib_s: f.map(round3),
-                        ratio: f.filter(|&f| f > 0.0).map(|f| round3(g / f)),
+                        gib_s: round_to(g, 3),
+                        fio_gib_s: f.map(|x| round_to(x, 3)),
+                        ratio: f.filter(|&f| f > 0.0).map(|f| round_to(g / f, 3)),
                         spread: ours.rounded(3),
                         fio_spread: theirs.map(|t| t.rounded(3)),
                         load_average: load,
@@ -519,10 +519,6 @@ fn run_in(
         }
     }
     Ok(records)
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]

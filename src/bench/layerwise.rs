@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::round_to;
 use crate::coordinator::adapter::{
     Allocation, EngineRequest, LayerRegistration, Scheduled, Scheduler, StoreSet, StoreSetConfig,
     UnitMap, Worker, WorkerConfig,
@@ -343,11 +344,11 @@ pub fn run(
                 hidden_spread.max
             ));
             out.push(LayerwiseRecord {
-                io_per_unit_ms: r4(io),
-                compute_per_unit_ms: r4(compute_ms),
-                exposed_io_ms: r4(exposed),
-                ideal_exposed_ms: r4(ideal),
-                hidden_fraction: r4(hidden),
+                io_per_unit_ms: round_to(io, 4),
+                compute_per_unit_ms: round_to(compute_ms, 4),
+                exposed_io_ms: round_to(exposed, 4),
+                ideal_exposed_ms: round_to(ideal, 4),
+                hidden_fraction: round_to(hidden, 4),
                 io_spread: io_spread.rounded(4),
                 exposed_spread: exposed_spread.rounded(4),
                 hidden_spread: hidden_spread.rounded(4),
@@ -358,10 +359,6 @@ pub fn run(
     })();
     drop(scratch);
     result
-}
-
-fn r4(x: f64) -> f64 {
-    (x * 1e4).round() / 1e4
 }
 
 #[cfg(test)]

@@ -56,8 +56,7 @@ impl Spread {
 
     /// The same spread with every figure rounded to `digits` decimals.
     pub fn rounded(self, digits: i32) -> Spread {
-        let f = 10f64.powi(digits);
-        let r = |x: f64| (x * f).round() / f;
+        let r = |x: f64| round_to(x, digits);
         Spread {
             median: r(self.median),
             min: r(self.min),
@@ -76,6 +75,12 @@ impl Spread {
             d = digits
         )
     }
+}
+
+/// `x` rounded to `digits` decimals (every figure a bench records).
+pub fn round_to(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
 }
 
 /// The machine's 1-minute load average (from `/proc/loadavg`), recorded

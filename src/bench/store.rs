@@ -42,7 +42,7 @@ use ucm_store::{
 };
 
 use super::io::{fio_available, run_fio, Pattern};
-use super::{gib_s, Spread};
+use super::{gib_s, round_to, Spread};
 
 /// Worker threads of the bench's stores: each copies on its own device
 /// stream, so the memcpy limit runs on as many threads.
@@ -137,10 +137,6 @@ pub enum StoreBenchError {
     Other(String),
 }
 
-fn r3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 /// The record of a path from its rounds and its limit's (`limit` empty:
 /// none).
 pub(super) fn record(
@@ -157,10 +153,10 @@ pub(super) fn record(
     StoreBenchRecord {
         path: path.into(),
         shard_bytes,
-        gib_s: (!lookups).then(|| r3(o)),
+        gib_s: (!lookups).then(|| round_to(o, 3)),
         blocks_s: lookups.then(|| o.round()),
-        limit: l.map(|l| if lookups { l.round() } else { r3(l) }),
-        ratio: l.filter(|l| *l > 0.0).map(|l| r3(o / l)),
+        limit: l.map(|l| if lookups { l.round() } else { round_to(l, 3) }),
+        ratio: l.filter(|l| *l > 0.0).map(|l| round_to(o / l, 3)),
         spread: spread.rounded(digits),
         limit_spread: limit_spread.map(|s| s.rounded(digits)),
         serial_limit: None,
@@ -185,8 +181,8 @@ fn disk_record(
         .filter(|f| *f > 0.0 && memcpy > 0.0)
     {
         let serial = 1.0 / (1.0 / f + 1.0 / memcpy);
-        r.serial_limit = Some(r3(serial));
-        r.serial_ratio = Some(r3(ours / serial));
+        r.serial_limit = Some(round_to(serial, 3));
+        r.serial_ratio = Some(round_to(ours / serial, 3));
     }
     r
 }
