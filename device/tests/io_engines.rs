@@ -1,7 +1,7 @@
 //! One test body for every I/O engine (io_uring, libaio, POSIX): random
 //! aligned offsets and sizes against a shadow model, concurrent batches,
-//! reads past EOF, rule violations, and injected faults that must reach
-//! exactly the operation they name.
+//! reads past EOF, rule violations, vectored writes, and injected faults
+//! that must reach exactly the operation they name.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -190,6 +190,7 @@ fn violations_are_errors(engine: &dyn IoEngine, dir: &Path) {
                 file: Arc::clone(&file),
                 offset: 0,
                 buf: None,
+                gather: Vec::new(),
             },
             IoRequest::write(
                 Arc::clone(&file),
@@ -354,6 +355,157 @@ fn injected_faults_reach_exactly_their_operation(engine: &dyn IoEngine, dir: &Pa
     drop(bad_open);
 }
 
+/// A vectored write lands as its buffers in order, gives every buffer
+/// back, is cut by an injected short transfer like any write, and breaks
+/// the same rules as a plain one (plus its own: only writes gather, at
+/// most `MAX_IO_BUFFERS` buffers).
+fn vectored_writes_land_in_order(engine: &dyn IoEngine, dir: &Path) {
+    let sub = dir.join(format!("writev-{}", engine.name()));
+    std::fs::create_dir_all(&sub).unwrap();
+    let path = sub.join("data");
+    let file = open_rw(&path);
+    assert!(
+        file.is_direct(),
+        "the vectored case runs on an O_DIRECT file"
+    );
+    let lens = [PAGE, 2 * PAGE, PAGE, 3 * PAGE];
+    let mut rng = Rng(0x5eed);
+    let bufs: Vec<IoBuf> = lens
+        .iter()
+        .map(|&n| {
+            let mut b = IoBuf::new(n);
+            rng.fill(b.as_mut_slice());
+            b
+        })
+        .collect();
+    let want: Vec<u8> = bufs.iter().flat_map(|b| b.as_slice().to_vec()).collect();
+    let mut it = bufs.into_iter();
+    let first = it.next().unwrap();
+    let at = 2 * PAGE as u64;
+    let out = wait_all(
+        engine,
+        vec![IoRequest::write_vectored(
+            Arc::clone(&file),
+            at,
+            first,
+            it.collect(),
+        )],
+    )
+    .pop()
+    .unwrap();
+    assert_eq!(
+        *out.result.as_ref().unwrap(),
+        want.len(),
+        "{}",
+        engine.name()
+    );
+    let back: Vec<usize> = out.buf.iter().chain(&out.gather).map(IoBuf::len).collect();
+    assert_eq!(back, lens, "every buffer comes back, in order");
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_eq!(on_disk.len(), at as usize + want.len());
+    assert!(on_disk[..at as usize].iter().all(|&b| b == 0));
+    assert!(
+        on_disk[at as usize..] == want[..],
+        "{}: bytes in order",
+        engine.name()
+    );
+
+    // An injected short transfer cuts the segments (here inside the second
+    // buffer): a short write, and only the bytes before the cut land.
+    let fresh = sub.join("short");
+    let f2 = open_rw(&fresh);
+    let short = faults::inject(FaultRule::short(&fresh, FaultOp::Write, 2 * PAGE).times(1));
+    let gather = vec![
+        IoBuf::from_slice(&[7u8; 2 * PAGE]),
+        IoBuf::from_slice(&[8u8; PAGE]),
+    ];
+    let out = wait_all(
+        engine,
+        vec![IoRequest::write_vectored(
+            Arc::clone(&f2),
+            0,
+            IoBuf::from_slice(&[6u8; PAGE]),
+            gather,
+        )],
+    );
+    match &out[0].result {
+        Err(DeviceError::ShortWrite { done, expected, .. }) => {
+            assert_eq!((*done, *expected), (2 * PAGE, 4 * PAGE))
+        }
+        other => panic!("{}: expected a short write, got {other:?}", engine.name()),
+    }
+    assert_eq!(short.fired(), 1);
+    drop(short);
+    let got = std::fs::read(&fresh).unwrap();
+    assert_eq!(got.len(), 2 * PAGE, "cut inside the second buffer");
+    assert!(got[..PAGE].iter().all(|&b| b == 6) && got[PAGE..].iter().all(|&b| b == 7));
+
+    // A fault at an offset inside a vectored write (its third buffer)
+    // fails that write; one past its end does not fire.
+    let inside = faults::inject(
+        FaultRule::errno(&fresh, FaultOp::Write, libc::EIO).at_offset(3 * PAGE as u64),
+    );
+    let past = faults::inject(
+        FaultRule::errno(&fresh, FaultOp::Write, libc::ENOSPC).at_offset(4 * PAGE as u64),
+    );
+    let gather = vec![IoBuf::new(2 * PAGE), IoBuf::new(PAGE)];
+    let out = wait_all(
+        engine,
+        vec![IoRequest::write_vectored(
+            Arc::clone(&f2),
+            0,
+            IoBuf::new(PAGE),
+            gather,
+        )],
+    );
+    assert_eq!(
+        out[0].result.as_ref().unwrap_err().raw_os_error(),
+        Some(libc::EIO)
+    );
+    assert_eq!((inside.fired(), past.fired()), (1, 0));
+    drop((inside, past));
+
+    // The rules: a misaligned gather buffer on an O_DIRECT file, an empty
+    // one, a read that gathers, too many buffers.
+    let mut odd = IoBuf::new(2 * PAGE);
+    odd.set_window(512, PAGE).unwrap();
+    let outs = wait_all(
+        engine,
+        vec![
+            IoRequest::write_vectored(Arc::clone(&file), 0, IoBuf::new(PAGE), vec![odd]),
+            IoRequest::write_vectored(Arc::clone(&file), 0, IoBuf::new(PAGE), vec![IoBuf::new(0)]),
+            IoRequest {
+                op: IoOp::Read,
+                file: Arc::clone(&file),
+                offset: 0,
+                buf: Some(IoBuf::new(PAGE)),
+                gather: vec![IoBuf::new(PAGE)],
+            },
+            IoRequest::write_vectored(
+                Arc::clone(&file),
+                0,
+                IoBuf::new(PAGE),
+                (0..io::MAX_IO_BUFFERS).map(|_| IoBuf::new(PAGE)).collect(),
+            ),
+        ],
+    );
+    assert!(
+        matches!(outs[0].result, Err(DeviceError::Misaligned { .. })),
+        "{:?}",
+        outs[0].result
+    );
+    for (i, o) in outs.iter().enumerate().skip(1) {
+        assert!(
+            matches!(o.result, Err(DeviceError::InvalidArgument(_))),
+            "{} case {i}: {:?}",
+            engine.name(),
+            o.result
+        );
+    }
+    // Nothing of the refused requests reached the file.
+    assert!(std::fs::read(&path).unwrap()[at as usize..] == want[..]);
+}
+
 #[test]
 fn every_engine_passes_the_io_test_body() {
     let engines = engines();
@@ -364,6 +516,7 @@ fn every_engine_passes_the_io_test_body() {
         random_io_matches_model(engine.as_ref(), dir.path(), 0xfeed + i as u64);
         reads_past_eof(engine.as_ref(), dir.path());
         violations_are_errors(engine.as_ref(), dir.path());
+        vectored_writes_land_in_order(engine.as_ref(), dir.path());
         injected_faults_reach_exactly_their_operation(engine.as_ref(), dir.path());
     }
 }
@@ -482,4 +635,42 @@ fn probe_reports_every_engine() {
     assert!(posix.available, "{}", posix.reason);
     // Nothing is left behind in the directory.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn long_gather_lists_are_cut_at_the_buffer_limit_in_file_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = open_rw(&dir.path().join("f"));
+    assert!(IoRequest::writes_vectored(&file, 0, Vec::new()).is_empty());
+    let n = 2 * io::MAX_IO_BUFFERS + 1;
+    let bufs: Vec<IoBuf> = (0..n).map(|_| IoBuf::new(PAGE)).collect();
+    let reqs = IoRequest::writes_vectored(&file, 8 * PAGE as u64, bufs);
+    let shape: Vec<(u64, usize)> = reqs
+        .iter()
+        .map(|r| (r.offset, 1 + r.gather.len()))
+        .collect();
+    let m = io::MAX_IO_BUFFERS;
+    assert_eq!(
+        shape,
+        vec![
+            (8 * PAGE as u64, m),
+            ((8 + m) as u64 * PAGE as u64, m),
+            ((8 + 2 * m) as u64 * PAGE as u64, 1)
+        ]
+    );
+    assert!(reqs.iter().all(|r| r.op == IoOp::Write && r.buf.is_some()));
+    // Every piece lands where it belongs.
+    let engine = IoEngineConfig::new(IoEngineKind::Posix).build().unwrap();
+    let mut bufs = Vec::new();
+    for i in 0..n {
+        bufs.push(IoBuf::from_slice(&[(i % 251) as u8; PAGE]));
+    }
+    for o in wait_all(engine.as_ref(), IoRequest::writes_vectored(&file, 0, bufs)) {
+        o.result.unwrap();
+    }
+    let got = std::fs::read(dir.path().join("f")).unwrap();
+    assert_eq!(got.len(), n * PAGE);
+    assert!((0..n).all(|i| got[i * PAGE..(i + 1) * PAGE]
+        .iter()
+        .all(|&b| b == (i % 251) as u8)));
 }

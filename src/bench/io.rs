@@ -283,6 +283,7 @@ fn run_ours(
                     file: Arc::clone(file),
                     offset: off,
                     buf: Some(buf),
+                    gather: Vec::new(),
                 }),
                 None => break,
             }

@@ -14,6 +14,7 @@ type AioContext = libc::c_ulong;
 const IOCB_CMD_PREAD: u16 = 0;
 const IOCB_CMD_PWRITE: u16 = 1;
 const IOCB_CMD_FSYNC: u16 = 2;
+const IOCB_CMD_PWRITEV: u16 = 8;
 
 /// `struct iocb` of `<linux/aio_abi.h>`, little-endian field order.
 #[repr(C)]
@@ -155,17 +156,20 @@ impl RingBackend for AioRing {
         if self.inflight + self.pending.len() >= self.depth {
             return false;
         }
-        let opcode = match p.op {
-            IoOp::Read => IOCB_CMD_PREAD,
-            IoOp::Write => IOCB_CMD_PWRITE,
-            IoOp::Fsync => IOCB_CMD_FSYNC,
+        // A vectored write hands the kernel its segments: `aio_buf` is
+        // then the iovec array and `aio_nbytes` their count.
+        let (opcode, buf, nbytes) = match (p.op, p.iovecs()) {
+            (IoOp::Read, _) => (IOCB_CMD_PREAD, p.buf_ptr() as u64, p.submit_len as u64),
+            (IoOp::Write, Some((v, n))) => (IOCB_CMD_PWRITEV, v as u64, n as u64),
+            (IoOp::Write, None) => (IOCB_CMD_PWRITE, p.buf_ptr() as u64, p.submit_len as u64),
+            (IoOp::Fsync, _) => (IOCB_CMD_FSYNC, p.buf_ptr() as u64, p.submit_len as u64),
         };
         self.pending.push(Iocb {
             aio_data: id,
             aio_lio_opcode: opcode,
             aio_fildes: p.file.raw_fd() as u32,
-            aio_buf: p.buf_ptr() as u64,
-            aio_nbytes: p.submit_len as u64,
+            aio_buf: buf,
+            aio_nbytes: nbytes,
             aio_offset: p.offset as i64,
             ..Iocb::default()
         });

@@ -64,7 +64,9 @@ mod enabled {
         pub path: PathBuf,
         /// The operation it applies to.
         pub op: FaultOp,
-        /// Only the operation at this file offset (any offset when `None`).
+        /// Only the operation at this file offset: one that starts there, or
+        /// a transfer whose byte range holds it (a vectored write of a whole
+        /// block holds every shard's offset). Any offset when `None`.
         pub offset: Option<u64>,
         /// What to inject.
         pub action: FaultAction,
@@ -95,7 +97,7 @@ mod enabled {
             }
         }
 
-        /// Restricts the rule to the operation at `offset`.
+        /// Restricts the rule to the operation at (or covering) `offset`.
         pub fn at_offset(mut self, offset: u64) -> Self {
             self.offset = Some(offset);
             self
@@ -150,7 +152,7 @@ mod enabled {
         FaultGuard { id, fired }
     }
 
-    pub(crate) fn check(op: FaultOp, path: &Path, offset: u64) -> Option<Injected> {
+    pub(crate) fn check(op: FaultOp, path: &Path, offset: u64, len: u64) -> Option<Injected> {
         let rules = RULES.lock().unwrap_or_else(|e| e.into_inner());
         // The newest matching rule wins, so a test can narrow an older one.
         for e in rules.iter().rev() {
@@ -158,7 +160,8 @@ mod enabled {
             if r.op != op || !path.starts_with(&r.path) {
                 continue;
             }
-            if r.offset.is_some_and(|o| o != offset) {
+            let covers = |o: u64| o == offset || (o > offset && o - offset < len);
+            if r.offset.is_some_and(|o| !covers(o)) {
                 continue;
             }
             let n = e.fired.fetch_add(1, Ordering::SeqCst);
@@ -177,13 +180,13 @@ mod enabled {
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub(crate) fn check(_op: FaultOp, _path: &Path, _offset: u64) -> Option<Injected> {
+pub(crate) fn check(_op: FaultOp, _path: &Path, _offset: u64, _len: u64) -> Option<Injected> {
     None
 }
 
 /// Only errno outcomes (used where a short transfer means nothing, like open).
 pub(crate) fn check_errno(op: FaultOp, path: &Path, offset: u64) -> Option<i32> {
-    match check(op, path, offset) {
+    match check(op, path, offset, 0) {
         Some(Injected::Errno(e)) => Some(e),
         _ => None,
     }

@@ -1,7 +1,7 @@
 //! The storage side of the HAL: the [`IoEngine`] trait and its backends.
 //!
-//! An engine takes a batch of [`IoRequest`]s (aligned reads, writes and
-//! fsyncs at file offsets) and returns one [`IoTicket`] per request, so a
+//! An engine takes a batch of [`IoRequest`]s (aligned reads, writes,
+//! vectored writes and fsyncs at file offsets) and returns one [`IoTicket`] per request, so a
 //! caller can wait for each operation on its own. The engine owns each
 //! request's [`IoBuf`] while the kernel may touch it and hands it back in
 //! the [`IoOutput`]: no buffer is freed under an I/O in flight, on any
@@ -42,6 +42,10 @@ use faults::{FaultOp, Injected};
 /// Largest single transfer (Linux caps read/write at this count).
 pub const MAX_IO_BYTES: usize = 0x7fff_f000;
 
+/// Most buffers one vectored write takes (`buf` and its gather list
+/// together; Linux's `IOV_MAX`).
+pub const MAX_IO_BUFFERS: usize = 1024;
+
 /// What a request does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum IoOp {
@@ -64,6 +68,11 @@ pub struct IoRequest {
     pub offset: u64,
     /// The buffer (reads and writes only).
     pub buf: Option<IoBuf>,
+    /// Further buffers of a write, written right after `buf` in this order
+    /// by one vectored operation (`pwritev`); empty for every other request.
+    /// A file block split over several buffers (a header and its shards)
+    /// then costs one operation, not one per buffer.
+    pub gather: Vec<IoBuf>,
 }
 
 impl IoRequest {
@@ -74,6 +83,7 @@ impl IoRequest {
             file,
             offset,
             buf: Some(buf),
+            gather: Vec::new(),
         }
     }
 
@@ -84,7 +94,56 @@ impl IoRequest {
             file,
             offset,
             buf: Some(buf),
+            gather: Vec::new(),
         }
+    }
+
+    /// Writes `buf`, then each of `gather` right after it, at `offset`, in
+    /// one operation. On an `O_DIRECT` file every buffer must be aligned
+    /// and of an aligned length.
+    pub fn write_vectored(file: Arc<IoFile>, offset: u64, buf: IoBuf, gather: Vec<IoBuf>) -> Self {
+        IoRequest {
+            op: IoOp::Write,
+            file,
+            offset,
+            buf: Some(buf),
+            gather,
+        }
+    }
+
+    /// Writes `bufs` back to back from `offset` in as few vectored writes
+    /// as the limits allow (at most [`MAX_IO_BUFFERS`] buffers and
+    /// [`MAX_IO_BYTES`] bytes each), in file order. Empty for no buffers.
+    pub fn writes_vectored(file: &Arc<IoFile>, mut offset: u64, bufs: Vec<IoBuf>) -> Vec<Self> {
+        let mut out = Vec::new();
+        let mut group: Vec<IoBuf> = Vec::new();
+        let (mut start, mut bytes) = (offset, 0usize);
+        let flush = |group: &mut Vec<IoBuf>, start: u64, out: &mut Vec<IoRequest>| {
+            let mut g = std::mem::take(group).into_iter();
+            if let Some(first) = g.next() {
+                out.push(IoRequest::write_vectored(
+                    Arc::clone(file),
+                    start,
+                    first,
+                    g.collect(),
+                ));
+            }
+        };
+        for b in bufs {
+            let fits = group.len() < MAX_IO_BUFFERS
+                && bytes
+                    .checked_add(b.len())
+                    .is_some_and(|n| n <= MAX_IO_BYTES);
+            if !fits {
+                flush(&mut group, start, &mut out);
+                (start, bytes) = (offset, 0);
+            }
+            bytes = bytes.saturating_add(b.len());
+            offset = offset.saturating_add(b.len() as u64);
+            group.push(b);
+        }
+        flush(&mut group, start, &mut out);
+        out
     }
 
     /// Flushes `file`.
@@ -94,6 +153,7 @@ impl IoRequest {
             file,
             offset: 0,
             buf: None,
+            gather: Vec::new(),
         }
     }
 }
@@ -107,6 +167,8 @@ impl IoRequest {
 pub struct IoOutput {
     /// The request's buffer, handed back.
     pub buf: Option<IoBuf>,
+    /// The request's gather buffers, handed back (empty unless vectored).
+    pub gather: Vec<IoBuf>,
     /// Bytes transferred, or the error.
     pub result: Result<usize>,
 }
@@ -124,6 +186,7 @@ impl IoTicket {
     fn closed() -> IoOutput {
         IoOutput {
             buf: None,
+            gather: Vec::new(),
             result: Err(DeviceError::Closed("io engine")),
         }
     }
@@ -236,11 +299,26 @@ pub(crate) struct Prepared {
     pub file: Arc<IoFile>,
     pub offset: u64,
     pub buf: Option<IoBuf>,
-    /// Bytes to hand to the kernel (the buffer length, or less when a
+    /// A vectored write's further buffers.
+    pub gather: Vec<IoBuf>,
+    /// Bytes to hand to the kernel (the buffers' length, or less when a
     /// short transfer is injected).
     pub submit_len: usize,
+    /// A vectored write's segments (`buf`, then `gather`, cut at
+    /// `submit_len`); empty for every other request.
+    iov: Iovecs,
     done: Sender<IoOutput>,
 }
+
+/// The segments of a vectored write, pointing into the request's own
+/// buffers.
+struct Iovecs(Vec<libc::iovec>);
+
+// SAFETY: the segments point into the `IoBuf`s of the same `Prepared`,
+// which owns them exclusively and moves with them; the heap memory an
+// `IoBuf` points to does not move when the `IoBuf` does, so the pointers
+// stay valid on any thread for as long as the request lives.
+unsafe impl Send for Iovecs {}
 
 impl Prepared {
     /// Buffer address for the kernel (null for fsync).
@@ -251,9 +329,42 @@ impl Prepared {
         }
     }
 
+    /// A vectored write's segments for the kernel (`None` for any other
+    /// request).
+    pub fn iovecs(&self) -> Option<(*const libc::iovec, usize)> {
+        let v = &self.iov.0;
+        (!v.is_empty()).then_some((v.as_ptr(), v.len()))
+    }
+
+    /// Total length of the request's buffers.
+    fn buffers_len(&self) -> usize {
+        self.buf.as_ref().map_or(0, IoBuf::len) + self.gather.iter().map(IoBuf::len).sum::<usize>()
+    }
+
+    /// Builds a vectored write's segments, cut at `submit_len`.
+    fn build_iovecs(&mut self) {
+        if self.gather.is_empty() {
+            return;
+        }
+        let mut left = self.submit_len;
+        let mut v = Vec::with_capacity(1 + self.gather.len());
+        for b in self.buf.iter_mut().chain(self.gather.iter_mut()) {
+            if left == 0 {
+                break;
+            }
+            let len = b.len().min(left);
+            left -= len;
+            v.push(libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: len,
+            });
+        }
+        self.iov = Iovecs(v);
+    }
+
     /// Completes with a kernel-style result: bytes, or `-errno`.
     pub fn complete(self, res: i64) {
-        let expected = self.buf.as_ref().map_or(0, IoBuf::len);
+        let expected = self.buffers_len();
         let path = || Some(self.file.path().to_path_buf());
         let result = if res < 0 {
             let op = match self.op {
@@ -279,6 +390,7 @@ impl Prepared {
         // and the buffer is freed here, after the kernel is done with it.
         let _ = self.done.send(IoOutput {
             buf: self.buf,
+            gather: self.gather,
             result,
         });
     }
@@ -290,15 +402,20 @@ impl Prepared {
         let ptr = self.buf_ptr();
         let len = self.submit_len;
         let off = self.offset as libc::off_t;
+        let iov = self.iovecs();
         loop {
             // SAFETY: `ptr` points to an owned buffer of at least `len` bytes
-            // (checked in `prepare`) that lives in `self` for the call; `fd`
-            // is open while `self.file` lives.
+            // (checked in `prepare`), and a vectored write's segments to the
+            // request's own buffers (`build_iovecs`), all living in `self`
+            // for the call; `fd` is open while `self.file` lives.
             let rc = unsafe {
-                match self.op {
-                    IoOp::Read => libc::pread(fd, ptr.cast(), len, off) as i64,
-                    IoOp::Write => libc::pwrite(fd, ptr.cast_const().cast(), len, off) as i64,
-                    IoOp::Fsync => libc::fsync(fd) as i64,
+                match (self.op, iov) {
+                    (IoOp::Read, _) => libc::pread(fd, ptr.cast(), len, off) as i64,
+                    (IoOp::Write, Some((v, n))) => libc::pwritev(fd, v, n as i32, off) as i64,
+                    (IoOp::Write, None) => {
+                        libc::pwrite(fd, ptr.cast_const().cast(), len, off) as i64
+                    }
+                    (IoOp::Fsync, _) => libc::fsync(fd) as i64,
                 }
             };
             if rc >= 0 {
@@ -327,19 +444,24 @@ pub(crate) fn prepare_batch(reqs: Vec<IoRequest>, spin: bool) -> (Vec<IoTicket>,
             file,
             offset,
             buf,
+            gather,
         } = req;
         let mut p = Prepared {
             op,
             file,
             offset,
-            submit_len: buf.as_ref().map_or(0, IoBuf::len),
             buf,
+            gather,
+            submit_len: 0,
+            iov: Iovecs(Vec::new()),
             done: tx,
         };
+        p.submit_len = p.buffers_len();
         match check(&p) {
             Err(e) => {
                 let _ = p.done.send(IoOutput {
                     buf: p.buf,
+                    gather: p.gather,
                     result: Err(e),
                 });
             }
@@ -349,10 +471,14 @@ pub(crate) fn prepare_batch(reqs: Vec<IoRequest>, spin: bool) -> (Vec<IoTicket>,
                 if p.submit_len == 0 {
                     p.complete(0);
                 } else {
+                    p.build_iovecs();
                     ready.push(p);
                 }
             }
-            Ok(None) => ready.push(p),
+            Ok(None) => {
+                p.build_iovecs();
+                ready.push(p);
+            }
         }
     }
     (tickets, ready)
@@ -365,7 +491,7 @@ fn check(p: &Prepared) -> Result<Option<Injected>> {
         IoOp::Fsync => FaultOp::Fsync,
     };
     if p.op == IoOp::Fsync {
-        return Ok(faults::check(fault_op, p.file.path(), 0));
+        return Ok(faults::check(fault_op, p.file.path(), 0, 0));
     }
     if p.op == IoOp::Write && !p.file.is_writable() {
         return Err(DeviceError::ReadOnly {
@@ -378,30 +504,48 @@ fn check(p: &Prepared) -> Result<Option<Injected>> {
             p.op
         )));
     };
-    if buf.len() > MAX_IO_BYTES {
+    if !p.gather.is_empty() && p.op != IoOp::Write {
         return Err(DeviceError::InvalidArgument(format!(
-            "{:?} of {} bytes exceeds the per-operation limit of {MAX_IO_BYTES}",
-            p.op,
-            buf.len()
+            "{:?} request with gather buffers (only writes are vectored)",
+            p.op
         )));
     }
-    if buf.is_empty() {
+    if 1 + p.gather.len() > MAX_IO_BUFFERS {
+        return Err(DeviceError::InvalidArgument(format!(
+            "a vectored write of {} buffers exceeds the limit of {MAX_IO_BUFFERS}",
+            1 + p.gather.len()
+        )));
+    }
+    // Summed with overflow checks: the count comes from the caller.
+    let total = std::iter::once(buf)
+        .chain(&p.gather)
+        .try_fold(0usize, |n, b| n.checked_add(b.len()))
+        .filter(|&n| n <= MAX_IO_BYTES);
+    let Some(total) = total else {
+        return Err(DeviceError::InvalidArgument(format!(
+            "{:?} exceeds the per-operation limit of {MAX_IO_BYTES} bytes",
+            p.op
+        )));
+    };
+    if std::iter::once(buf).chain(&p.gather).any(IoBuf::is_empty) {
         return Err(DeviceError::InvalidArgument(format!(
             "{:?} request with an empty buffer",
             p.op
         )));
     }
-    let end = p.offset.checked_add(buf.len() as u64);
+    let end = p.offset.checked_add(total as u64);
     if end.is_none_or(|e| e > i64::MAX as u64) {
         return Err(DeviceError::OutOfBounds {
             what: "file offset",
             offset: p.offset,
-            len: buf.len() as u64,
+            len: total as u64,
             limit: i64::MAX as u64,
         });
     }
     if p.file.is_direct() {
-        buf.check_direct()?;
+        for b in std::iter::once(buf).chain(&p.gather) {
+            b.check_direct()?;
+        }
         if p.offset % DIRECT_IO_ALIGN as u64 != 0 {
             return Err(DeviceError::Misaligned {
                 what: "file offset",
@@ -410,7 +554,12 @@ fn check(p: &Prepared) -> Result<Option<Injected>> {
             });
         }
     }
-    Ok(faults::check(fault_op, p.file.path(), p.offset))
+    Ok(faults::check(
+        fault_op,
+        p.file.path(),
+        p.offset,
+        total as u64,
+    ))
 }
 
 /// Which backend to build.

@@ -23,6 +23,7 @@ pub(crate) fn probe() -> Result<()> {
     for (name, code) in [
         ("READ", opcode::Read::CODE),
         ("WRITE", opcode::Write::CODE),
+        ("WRITEV", opcode::Writev::CODE),
         ("FSYNC", opcode::Fsync::CODE),
     ] {
         if !probe.is_supported(code) {
@@ -41,17 +42,21 @@ impl RingBackend for Ring {
         let fd = types::Fd(p.file.raw_fd());
         let len = p.submit_len as u32;
         let ptr = p.buf_ptr();
-        let entry: squeue::Entry = match p.op {
-            IoOp::Read => opcode::Read::new(fd, ptr, len).offset(p.offset).build(),
-            IoOp::Write => opcode::Write::new(fd, ptr.cast_const(), len)
+        let entry: squeue::Entry = match (p.op, p.iovecs()) {
+            (IoOp::Read, _) => opcode::Read::new(fd, ptr, len).offset(p.offset).build(),
+            (IoOp::Write, Some((v, n))) => opcode::Writev::new(fd, v, n as u32)
                 .offset(p.offset)
                 .build(),
-            IoOp::Fsync => opcode::Fsync::new(fd).build(),
+            (IoOp::Write, None) => opcode::Write::new(fd, ptr.cast_const(), len)
+                .offset(p.offset)
+                .build(),
+            (IoOp::Fsync, _) => opcode::Fsync::new(fd).build(),
         };
         let entry = entry.user_data(id);
-        // SAFETY: the buffer and the file descriptor belong to `p`, which the
-        // worker keeps in its in-flight table until this entry's completion
-        // is reaped; `submit_len` is within the buffer (checked in prepare).
+        // SAFETY: the buffers (and a vectored write's segments, which point
+        // into them) and the file descriptor belong to `p`, which the worker
+        // keeps in its in-flight table until this entry's completion is
+        // reaped; `submit_len` is within the buffers (checked in prepare).
         unsafe { self.ring.submission().push(&entry).is_ok() }
     }
 
