@@ -1201,18 +1201,13 @@ impl<D: Device> Inner<D> {
             let mut outcomes: HashMap<BlockId, Result<()>> = HashMap::new();
             match &self.disk {
                 Some(disk) => {
-                    // Written straight from the pinned slots.
-                    let batch: Vec<(BlockId, Vec<IoBuf>)> = todo
+                    // Written straight from the pinned slots (the disk
+                    // tier bounds its batches and open files).
+                    let blocks: Vec<(BlockId, Vec<IoBuf>)> = todo
                         .iter()
                         .map(|(b, pins)| (*b, pins.iter().map(SlotRef::io_buf).collect()))
                         .collect();
-                    // Batches of bounded size keep the open temporary files
-                    // bounded.
-                    let mut batch = batch.into_iter().peekable();
-                    while batch.peek().is_some() {
-                        let chunk: Vec<_> = batch.by_ref().take(IO_BATCH_BLOCKS).collect();
-                        outcomes.extend(disk.write_blocks(chunk));
-                    }
+                    outcomes.extend(disk.write_blocks(blocks));
                 }
                 None => {
                     // No disk: the nearest tier is the durable write.

@@ -13,9 +13,11 @@
 //! magic `UCMBLK\0\x01`, the format version, the geometry, the block id, a
 //! CRC32C per shard and a CRC32C of the header itself, padded to 4 KiB.
 //!
-//! A block is written to `tmp/` through the I/O engine with O_DIRECT,
-//! fsynced, renamed into `blocks/` and the directory fsynced, only when
-//! **all** its shards were written. A reader never sees a partial file; a
+//! A block is written to `tmp/` through the I/O engine with O_DIRECT (its
+//! header and shards as one vectored write), fsynced, renamed into
+//! `blocks/` and the directory fsynced, only when **all** its shards were
+//! written. Blocks go in batches; the next batch's writes are in flight
+//! while a batch waits on its fsyncs and renames. A reader never sees a partial file; a
 //! crash leaves the old state or the whole new block. A shard whose checksum
 //! fails is a miss, never data, and its file is removed.
 //!
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ucm_device::io::IoDir;
 use ucm_device::io::DIRECT_IO_ALIGN;
-use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, OpenOptions};
+use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, IoTicket, OpenOptions};
 
 use crate::error::{Result, StoreError};
 use crate::geometry::{hex, hex_digits, BlockId, Geometry};
@@ -132,6 +134,26 @@ pub struct DiskTier {
 
 /// Lookups of at least this many unknown ids stat them on two threads.
 const PARALLEL_LOOKUP: usize = 512;
+
+/// Blocks written per batch of [`DiskTier::write_blocks`]: at most twice
+/// as many temporary files are open at once (one batch writing, the one
+/// before it being made durable).
+pub const WRITE_BATCH_BLOCKS: usize = 64;
+
+/// A block on its way to disk.
+struct Pending {
+    id: BlockId,
+    tmp: PathBuf,
+    file: Option<Arc<IoFile>>,
+    err: Option<StoreError>,
+}
+
+/// A batch whose writes are in flight: the blocks, and each write's
+/// ticket with the index of its block.
+struct Writing {
+    pending: Vec<Pending>,
+    writes: Vec<(IoTicket, usize)>,
+}
 
 /// One block's reads as they completed: (bytes, buffer), header first.
 type Parts = Vec<(usize, Option<IoBuf>)>;
@@ -393,22 +415,39 @@ impl DiskTier {
         r.pop().map_or(Ok(()), |(_, r)| r)
     }
 
-    /// Writes many blocks at once: every block's writes go to the engine in
-    /// one batch, then their fsyncs in one batch, then the renames, then one
-    /// fsync per directory touched. Each block succeeds or fails alone, with
-    /// the guarantees of [`DiskTier::write_block`].
+    /// Writes many blocks at once, in batches of [`WRITE_BATCH_BLOCKS`]
+    /// (bounding the temporary files open at once): every block of a batch
+    /// is written to the engine at once, then the batch's fsyncs go in one
+    /// submission, then the renames, then one fsync per directory touched.
+    /// The next batch's writes are in flight while a batch waits on its
+    /// fsyncs and renames. Each block succeeds or fails alone, with the
+    /// guarantees of [`DiskTier::write_block`].
     pub fn write_blocks(&self, blocks: Vec<(BlockId, Vec<IoBuf>)>) -> Vec<(BlockId, Result<()>)> {
-        let g = self.cfg.geometry;
-        let sb = g.shard_bytes as u64;
-        struct Pending {
-            id: BlockId,
-            tmp: PathBuf,
-            file: Option<Arc<IoFile>>,
-            err: Option<StoreError>,
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut blocks = blocks.into_iter().peekable();
+        let mut writing: Option<Writing> = None;
+        while blocks.peek().is_some() {
+            let batch: Vec<_> = blocks.by_ref().take(WRITE_BATCH_BLOCKS).collect();
+            let next = self.start_writes(batch);
+            if let Some(w) = writing.replace(next) {
+                out.extend(self.finish_writes(w));
+            }
         }
+        if let Some(w) = writing {
+            out.extend(self.finish_writes(w));
+        }
+        out
+    }
+
+    /// Opens each block's temporary file and hands its writes to the
+    /// engine; a block refused here carries its error.
+    fn start_writes(&self, blocks: Vec<(BlockId, Vec<IoBuf>)>) -> Writing {
+        let g = self.cfg.geometry;
         let mut pending: Vec<Pending> = Vec::with_capacity(blocks.len());
-        // Per block: its write requests (header first).
-        let mut per_block: Vec<(usize, Vec<IoRequest>)> = Vec::new();
+        // One vectored write per block (header, then its shards in order):
+        // a block costs one operation however many shards it has.
+        let mut reqs = Vec::new();
+        let mut owner = Vec::new(); // request -> pending index
         for (id, shards) in blocks {
             // The writer's identity is in the name: another process opening
             // this store removes it only once this writer is dead.
@@ -444,47 +483,31 @@ impl DiskTier {
                 Err(e) => p.err = Some(e.into()),
                 Ok(f) => {
                     let f = Arc::new(f);
-                    let mut mine = vec![IoRequest::write(
-                        Arc::clone(&f),
-                        0,
-                        self.header(&id, &shards),
-                    )];
-                    for (k, s) in shards.into_iter().enumerate() {
-                        mine.push(IoRequest::write(
-                            Arc::clone(&f),
-                            self.header_bytes as u64 + k as u64 * sb,
-                            s,
-                        ));
+                    let mut bufs = Vec::with_capacity(1 + shards.len());
+                    bufs.push(self.header(&id, &shards));
+                    bufs.extend(shards);
+                    for r in IoRequest::writes_vectored(&f, 0, bufs) {
+                        reqs.push(r);
+                        owner.push(pending.len());
                     }
-                    per_block.push((pending.len(), mine));
                     p.file = Some(f);
                 }
             }
             pending.push(p);
         }
-        // Interleave the blocks' requests (shard k of every block, then
-        // shard k + 1, ...): concurrent writes then go to different files
-        // instead of queueing on one file's inode lock.
-        let mut reqs = Vec::new();
-        let mut owner = Vec::new(); // request -> pending index
-        let mut iters: Vec<(usize, std::vec::IntoIter<IoRequest>)> = per_block
-            .into_iter()
-            .map(|(i, v)| (i, v.into_iter()))
-            .collect();
-        loop {
-            let before = reqs.len();
-            for (i, it) in iters.iter_mut() {
-                if let Some(r) = it.next() {
-                    reqs.push(r);
-                    owner.push(*i);
-                }
-            }
-            if reqs.len() == before {
-                break;
-            }
-        }
+        let writes = self.engine.submit(reqs).into_iter().zip(owner).collect();
+        Writing { pending, writes }
+    }
+
+    /// Waits for a batch's writes, then makes it durable and visible:
+    /// fsyncs, renames, directory fsyncs.
+    fn finish_writes(&self, w: Writing) -> Vec<(BlockId, Result<()>)> {
+        let Writing {
+            mut pending,
+            writes,
+        } = w;
         // Every write must succeed; the first error of a block wins.
-        for (t, &i) in self.engine.submit(reqs).into_iter().zip(&owner) {
+        for (t, i) in writes {
             if let Err(e) = t.wait_blocking().result {
                 pending[i].err.get_or_insert(e.into());
             }
@@ -520,7 +543,7 @@ impl DiskTier {
             }
         }
         for d in &dirs {
-            if let Err(e) = fs::File::open(d).and_then(|f| f.sync_all()) {
+            if let Err(e) = paths::sync_dir(d) {
                 // The files are complete and valid; their durability is not.
                 for p in pending.iter_mut().filter(|p| p.err.is_none()) {
                     if self.path_of(&p.id).parent() == Some(d.as_path()) {

@@ -241,9 +241,17 @@ fn write_marker_tmp(path: &Path, tmp_dir: &Path, text: &str) -> std::io::Result<
 }
 
 fn sync_parent(path: &Path) {
-    if let Ok(d) = fs::File::open(path.parent().unwrap_or(Path::new("."))) {
-        let _ = d.sync_all();
-    }
+    let _ = sync_dir(path.parent().unwrap_or(Path::new(".")));
+}
+
+/// Makes the entries of directory `path` durable (fsync of the directory,
+/// opened without following a link in its place).
+pub fn sync_dir(path: &Path) -> std::io::Result<()> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)?
+        .sync_all()
 }
 
 /// Writes a marker file (the geometry, the GC lease) atomically: a
