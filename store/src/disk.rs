@@ -17,9 +17,10 @@
 //! header and shards as one vectored write), fsynced, renamed into
 //! `blocks/` and the directory fsynced, only when **all** its shards were
 //! written. Blocks go in batches; the next batch's writes are in flight
-//! while a batch waits on its fsyncs and renames. A reader never sees a partial file; a
-//! crash leaves the old state or the whole new block. A shard whose checksum
-//! fails is a miss, never data, and its file is removed.
+//! while a batch waits on its fsyncs and renames. A reader never sees a
+//! partial file; a crash leaves the old state or the whole new block. A
+//! shard whose checksum fails is a miss, never data, and its file is
+//! removed.
 //!
 //! Presence is asked of the file system (a regular file of the full block
 //! length, never through a link), and remembered: ids this process wrote

@@ -1,8 +1,9 @@
 //! The storage side of the HAL: the [`IoEngine`] trait and its backends.
 //!
 //! An engine takes a batch of [`IoRequest`]s (aligned reads, writes,
-//! vectored writes and fsyncs at file offsets) and returns one [`IoTicket`] per request, so a
-//! caller can wait for each operation on its own. The engine owns each
+//! vectored writes and fsyncs at file offsets) and returns one
+//! [`IoTicket`] per request, so a caller can wait for each operation on
+//! its own. The engine owns each
 //! request's [`IoBuf`] while the kernel may touch it and hands it back in
 //! the [`IoOutput`]: no buffer is freed under an I/O in flight, on any
 //! backend.
@@ -89,13 +90,7 @@ impl IoRequest {
 
     /// Writes `buf` at `offset`.
     pub fn write(file: Arc<IoFile>, offset: u64, buf: IoBuf) -> Self {
-        IoRequest {
-            op: IoOp::Write,
-            file,
-            offset,
-            buf: Some(buf),
-            gather: Vec::new(),
-        }
+        IoRequest::write_vectored(file, offset, buf, Vec::new())
     }
 
     /// Writes `buf`, then each of `gather` right after it, at `offset`, in
@@ -336,9 +331,15 @@ impl Prepared {
         (!v.is_empty()).then_some((v.as_ptr(), v.len()))
     }
 
-    /// Total length of the request's buffers.
+    /// The request's buffers: `buf`, then the gather list.
+    fn buffers(&self) -> impl Iterator<Item = &IoBuf> {
+        self.buf.iter().chain(&self.gather)
+    }
+
+    /// Total length of the request's buffers (saturating: a sum past
+    /// `usize::MAX` is refused by `check` as over the per-operation limit).
     fn buffers_len(&self) -> usize {
-        self.buf.as_ref().map_or(0, IoBuf::len) + self.gather.iter().map(IoBuf::len).sum::<usize>()
+        self.buffers().fold(0, |n, b| n.saturating_add(b.len()))
     }
 
     /// Builds a vectored write's segments, cut at `submit_len`.
@@ -498,12 +499,12 @@ fn check(p: &Prepared) -> Result<Option<Injected>> {
             path: p.file.path().to_path_buf(),
         });
     }
-    let Some(buf) = p.buf.as_ref() else {
+    if p.buf.is_none() {
         return Err(DeviceError::InvalidArgument(format!(
             "{:?} request without a buffer",
             p.op
         )));
-    };
+    }
     if !p.gather.is_empty() && p.op != IoOp::Write {
         return Err(DeviceError::InvalidArgument(format!(
             "{:?} request with gather buffers (only writes are vectored)",
@@ -516,18 +517,14 @@ fn check(p: &Prepared) -> Result<Option<Injected>> {
             1 + p.gather.len()
         )));
     }
-    // Summed with overflow checks: the count comes from the caller.
-    let total = std::iter::once(buf)
-        .chain(&p.gather)
-        .try_fold(0usize, |n, b| n.checked_add(b.len()))
-        .filter(|&n| n <= MAX_IO_BYTES);
-    let Some(total) = total else {
+    let total = p.buffers_len();
+    if total > MAX_IO_BYTES {
         return Err(DeviceError::InvalidArgument(format!(
-            "{:?} exceeds the per-operation limit of {MAX_IO_BYTES} bytes",
+            "{:?} of {total} bytes exceeds the per-operation limit of {MAX_IO_BYTES}",
             p.op
         )));
-    };
-    if std::iter::once(buf).chain(&p.gather).any(IoBuf::is_empty) {
+    }
+    if p.buffers().any(IoBuf::is_empty) {
         return Err(DeviceError::InvalidArgument(format!(
             "{:?} request with an empty buffer",
             p.op
@@ -543,7 +540,7 @@ fn check(p: &Prepared) -> Result<Option<Injected>> {
         });
     }
     if p.file.is_direct() {
-        for b in std::iter::once(buf).chain(&p.gather) {
+        for b in p.buffers() {
             b.check_direct()?;
         }
         if p.offset % DIRECT_IO_ALIGN as u64 != 0 {
