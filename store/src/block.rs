@@ -32,7 +32,8 @@ use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
 use crate::remote::{RemoteRead, RemoteTier};
 
-/// Blocks per disk batch: bounds the files open at once.
+/// Blocks per batch of disk reads: bounds the files open at once (writes
+/// are batched by the disk tier, `disk::WRITE_BATCH_BLOCKS`).
 const IO_BATCH_BLOCKS: usize = 64;
 
 /// Blocks per remote write batch.
