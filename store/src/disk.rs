@@ -17,7 +17,8 @@
 //! header and shards as one vectored write), fsynced, renamed into
 //! `blocks/` and the directory fsynced, only when **all** its shards were
 //! written. Blocks go in batches; the next batch's writes are in flight
-//! while a batch waits on its fsyncs and renames. A reader never sees a
+//! while a batch waits on its fsyncs and renames, and the directories of
+//! the batch before are fsynced with them. A reader never sees a
 //! partial file; a crash leaves the old state or the whole new block. A
 //! shard whose checksum fails is a miss, never data, and its file is
 //! removed.
@@ -137,8 +138,8 @@ pub struct DiskTier {
 const PARALLEL_LOOKUP: usize = 512;
 
 /// Blocks written per batch of [`DiskTier::write_blocks`]: at most twice
-/// as many temporary files are open at once (one batch writing, the one
-/// before it being made durable).
+/// as many temporary files are open at once (one batch being fsynced, the
+/// one after it writing; a batch's files are closed before its renames).
 pub const WRITE_BATCH_BLOCKS: usize = 64;
 
 /// A block on its way to disk.
@@ -154,6 +155,13 @@ struct Pending {
 struct Writing {
     pending: Vec<Pending>,
     writes: Vec<(IoTicket, usize)>,
+}
+
+/// A batch whose files are fsynced and renamed into `blocks/`, waiting on
+/// the fsyncs of the directories it touched (`dirs`) to be durable.
+struct Renamed {
+    pending: Vec<Pending>,
+    dirs: Vec<PathBuf>,
 }
 
 /// One block's reads as they completed: (bytes, buffer), header first.
@@ -199,7 +207,11 @@ impl DiskTier {
             mkdir(&cfg.dir)?;
         }
         for d in [cfg.dir.clone(), cfg.dir.join("blocks"), tmp.clone()] {
-            paths::ensure_dir(&d)?;
+            // A directory made here is durable once its parent (the root)
+            // is fsynced.
+            if paths::ensure_dir(&d)? && d != cfg.dir {
+                paths::sync_dir(&cfg.dir).map_err(StoreError::fs("fsync directory", &cfg.dir))?;
+            }
         }
         let marker = cfg.dir.join("GEOMETRY");
         let expected = cfg.geometry.describe();
@@ -420,22 +432,32 @@ impl DiskTier {
     /// (bounding the temporary files open at once): every block of a batch
     /// is written to the engine at once, then the batch's fsyncs go in one
     /// submission, then the renames, then one fsync per directory touched.
-    /// The next batch's writes are in flight while a batch waits on its
-    /// fsyncs and renames. Each block succeeds or fails alone, with the
-    /// guarantees of [`DiskTier::write_block`].
+    /// Batches overlap: batch N's file fsyncs are in flight with batch
+    /// N-1's directory fsyncs (one journal commit serves both) and batch
+    /// N+1's writes, and batch N+2's writes are handed to the engine before
+    /// batch N's renames. A batch is reported only after its directory
+    /// fsyncs. Each block succeeds or fails alone, with the guarantees of
+    /// [`DiskTier::write_block`].
     pub fn write_blocks(&self, blocks: Vec<(BlockId, Vec<IoBuf>)>) -> Vec<(BlockId, Result<()>)> {
         let mut out = Vec::with_capacity(blocks.len());
         let mut blocks = blocks.into_iter().peekable();
-        let mut writing: Option<Writing> = None;
-        while blocks.peek().is_some() {
-            let batch: Vec<_> = blocks.by_ref().take(WRITE_BATCH_BLOCKS).collect();
-            let next = self.start_writes(batch);
-            if let Some(w) = writing.replace(next) {
-                out.extend(self.finish_writes(w));
-            }
+        let mut next = || {
+            blocks.peek().is_some().then(|| {
+                let batch: Vec<_> = blocks.by_ref().take(WRITE_BATCH_BLOCKS).collect();
+                self.start_writes(batch)
+            })
+        };
+        let (mut current, mut ahead) = (next(), next());
+        let mut renamed: Option<Renamed> = None;
+        while let Some(w) = current {
+            let (synced, done) = self.sync(w, renamed.take());
+            out.extend(done);
+            let after = next();
+            renamed = Some(self.rename(synced));
+            (current, ahead) = (ahead, after);
         }
-        if let Some(w) = writing {
-            out.extend(self.finish_writes(w));
+        if let Some(r) = renamed {
+            out.extend(self.publish(r));
         }
         out
     }
@@ -500,9 +522,14 @@ impl DiskTier {
         Writing { pending, writes }
     }
 
-    /// Waits for a batch's writes, then makes it durable and visible:
-    /// fsyncs, renames, directory fsyncs.
-    fn finish_writes(&self, w: Writing) -> Vec<(BlockId, Result<()>)> {
+    /// Waits for a batch's writes and fsyncs its files (closing them). The
+    /// batch before it (`before`, renamed) has its directories fsynced
+    /// while these fsyncs are in flight, and its results are returned.
+    fn sync(
+        &self,
+        w: Writing,
+        before: Option<Renamed>,
+    ) -> (Vec<Pending>, Vec<(BlockId, Result<()>)>) {
         let Writing {
             mut pending,
             writes,
@@ -524,18 +551,28 @@ impl DiskTier {
             })
             .collect();
         let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = syncs.into_iter().unzip();
-        for (t, i) in self.engine.submit(reqs).into_iter().zip(idx) {
+        let tickets = self.engine.submit(reqs);
+        let done = before.map(|r| self.publish(r)).unwrap_or_default();
+        for (t, i) in tickets.into_iter().zip(idx) {
             if let Err(e) = t.wait_blocking().result {
                 pending[i].err.get_or_insert(e.into());
             }
         }
+        for p in &mut pending {
+            p.file = None;
+        }
+        (pending, done)
+    }
+
+    /// Renames a synced batch's files into `blocks/` (making the fan-out
+    /// directories they need); their directories are not yet fsynced.
+    fn rename(&self, mut pending: Vec<Pending>) -> Renamed {
         let mut dirs: Vec<PathBuf> = Vec::new();
         for p in pending.iter_mut().filter(|p| p.err.is_none()) {
-            p.file = None;
             let dst = self.path_of(&p.id);
             let parent = dst.parent().unwrap_or(&self.cfg.dir).to_path_buf();
             let moved = self
-                .fanout(&parent)
+                .fanout(&parent, &mut dirs)
                 .and_then(|_| fs::rename(&p.tmp, &dst).map_err(StoreError::fs("rename", &dst)));
             match moved {
                 Ok(()) if !dirs.contains(&parent) => dirs.push(parent),
@@ -543,11 +580,20 @@ impl DiskTier {
                 Err(e) => p.err = Some(e),
             }
         }
+        Renamed { pending, dirs }
+    }
+
+    /// Makes a renamed batch durable (one fsync per directory it touched)
+    /// and reports each block: written, or failed with its error (its
+    /// temporary file removed).
+    fn publish(&self, r: Renamed) -> Vec<(BlockId, Result<()>)> {
+        let Renamed { mut pending, dirs } = r;
         for d in &dirs {
             if let Err(e) = paths::sync_dir(d) {
-                // The files are complete and valid; their durability is not.
+                // The files are complete and valid; their durability is not
+                // (a directory above theirs holds a new fan-out entry).
                 for p in pending.iter_mut().filter(|p| p.err.is_none()) {
-                    if self.path_of(&p.id).parent() == Some(d.as_path()) {
+                    if self.path_of(&p.id).starts_with(d) {
                         p.err = Some(StoreError::fs("fsync directory", d)(std::io::Error::new(
                             e.kind(),
                             e.to_string(),
@@ -789,12 +835,23 @@ impl DiskTier {
     }
 
     /// The fan-out directories `blocks/ab/cd` of `parent`, made 0700 and
-    /// never through a link.
-    fn fanout(&self, parent: &Path) -> Result<()> {
+    /// never through a link. Adds to `dirs` each directory whose entries
+    /// this call changed (the parent of a directory it created).
+    fn fanout(&self, parent: &Path, dirs: &mut Vec<PathBuf>) -> Result<()> {
+        let mut changed = |d: Option<&Path>| {
+            if let Some(d) = d.filter(|d| !dirs.iter().any(|x| x == d)) {
+                dirs.push(d.to_path_buf());
+            }
+        };
         if let Some(ab) = parent.parent() {
-            paths::ensure_dir(ab)?;
+            if paths::ensure_dir(ab)? {
+                changed(ab.parent());
+            }
         }
-        paths::ensure_dir(parent)
+        if paths::ensure_dir(parent)? {
+            changed(parent.parent());
+        }
+        Ok(())
     }
 
     /// Every block file with its mtime and length (a global walk of
@@ -1073,5 +1130,44 @@ mod tests {
             assert_eq!(tier_dir.join("blocks").join(rel), full);
             assert_eq!(parse_hex(&rel[6..38]), Some(id));
         }
+    }
+
+    #[test]
+    fn a_new_fan_out_directory_has_its_parent_fsynced() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = Geometry {
+            shard_bytes: 4096,
+            shards_per_block: 2,
+        };
+        let engine = Arc::from(
+            ucm_device::IoEngineConfig::new(ucm_device::IoEngineKind::Posix)
+                .build()
+                .unwrap(),
+        );
+        let t = DiskTier::open(DiskConfig::new(dir.path(), g, 100), engine).unwrap();
+        let dirs_of = |id: BlockId| {
+            let shards = (0..2).map(|_| IoBuf::new(4096)).collect();
+            let (synced, done) = t.sync(t.start_writes(vec![(id, shards)]), None);
+            assert!(done.is_empty());
+            let r = t.rename(synced);
+            let dirs = r.dirs.clone();
+            assert!(t.publish(r).iter().all(|(_, r)| r.is_ok()));
+            dirs
+        };
+        let blocks = dir.path().join("blocks");
+        let (a, b) = (
+            [0xabu8, 0xcd, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [0xab, 0xcd, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        );
+        let mut first = dirs_of(a);
+        first.sort();
+        let mut want = vec![blocks.clone(), blocks.join("ab"), blocks.join("ab/cd")];
+        want.sort();
+        assert_eq!(first, want, "both new directories' parents and the leaf");
+        assert_eq!(
+            dirs_of(b),
+            vec![blocks.join("ab/cd")],
+            "nothing new: the leaf only"
+        );
     }
 }

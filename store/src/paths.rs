@@ -73,15 +73,17 @@ fn unsafe_path(path: &Path, why: &str) -> StoreError {
 
 /// Makes sure `path` is a real directory (created 0700 when missing, never
 /// through a link) and restricts it to 0700 through a descriptor that did
-/// not follow a link.
-pub fn ensure_dir(path: &Path) -> Result<()> {
+/// not follow a link. Returns whether this call created it (then its
+/// entry in the parent is durable only once the parent is fsynced).
+pub fn ensure_dir(path: &Path) -> Result<bool> {
+    let mut created = false;
     match fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => return Err(unsafe_path(path, "is a symbolic link")),
         Ok(m) if !m.is_dir() => return Err(unsafe_path(path, "is not a directory")),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             match fs::DirBuilder::new().mode(0o700).create(path) {
-                Ok(()) => {}
+                Ok(()) => created = true,
                 // Another process made it meanwhile: checked below.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(StoreError::fs("create directory", path)(e)),
@@ -104,7 +106,7 @@ pub fn ensure_dir(path: &Path) -> Result<()> {
         d.set_permissions(fs::Permissions::from_mode(0o700))
             .map_err(StoreError::fs("restrict to 0700", path))?;
     }
-    Ok(())
+    Ok(created)
 }
 
 /// The identity of this writer: `<host>-<pid>-<start>`, where `host` is a

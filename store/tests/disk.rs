@@ -135,6 +135,41 @@ fn five_hundred_twelve_blocks_of_thirty_two_shards_read_back_exactly() {
 }
 
 #[test]
+fn write_blocks_over_many_batches_reports_every_block_in_order() {
+    // Five full batches and a partial one go through the overlapped
+    // pipeline (fsync, rename and directory fsync of different batches at
+    // once); one block of the third batch is refused.
+    let n = 5 * ucm_store::disk::WRITE_BATCH_BLOCKS as u64 + 7;
+    let bad = 2 * ucm_store::disk::WRITE_BATCH_BLOCKS as u64 + 5;
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), GEO, 10_000);
+    let blocks = (0..n)
+        .map(|b| {
+            let mut s = shards(GEO, b);
+            if b == bad {
+                s.pop();
+            }
+            (id(b), s)
+        })
+        .collect();
+    let out = t.write_blocks(blocks);
+    let ids: Vec<_> = out.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        ids,
+        (0..n).map(id).collect::<Vec<_>>(),
+        "one result per block, in order"
+    );
+    for (b, (_, r)) in (0..n).zip(&out) {
+        assert_eq!(r.is_ok(), b != bad, "block {b}: {r:?}");
+    }
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    drop(t);
+    let t = open(dir.path(), GEO, 10_000);
+    let found: Vec<u64> = (0..n).filter(|&b| check_block(&t, GEO, b)).collect();
+    assert_eq!(found, (0..n).filter(|&b| b != bad).collect::<Vec<_>>());
+}
+
+#[test]
 fn a_flipped_byte_is_a_miss_never_data() {
     let dir = tempfile::tempdir().unwrap();
     let t = open(dir.path(), GEO, 100);
