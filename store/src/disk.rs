@@ -164,6 +164,13 @@ struct Renamed {
     dirs: Vec<PathBuf>,
 }
 
+/// Adds `d` to the directories a batch fsyncs, once.
+fn add_dir(dirs: &mut Vec<PathBuf>, d: &Path) {
+    if !dirs.iter().any(|x| x == d) {
+        dirs.push(d.to_path_buf());
+    }
+}
+
 /// One block's reads as they completed: (bytes, buffer), header first.
 type Parts = Vec<(usize, Option<IoBuf>)>;
 
@@ -206,12 +213,14 @@ impl DiskTier {
         if fs::symlink_metadata(&cfg.dir).is_err() {
             mkdir(&cfg.dir)?;
         }
-        for d in [cfg.dir.clone(), cfg.dir.join("blocks"), tmp.clone()] {
-            // A directory made here is durable once its parent (the root)
-            // is fsynced.
-            if paths::ensure_dir(&d)? && d != cfg.dir {
-                paths::sync_dir(&cfg.dir).map_err(StoreError::fs("fsync directory", &cfg.dir))?;
-            }
+        paths::ensure_dir(&cfg.dir)?;
+        let mut made = false;
+        for d in [cfg.dir.join("blocks"), tmp.clone()] {
+            made |= paths::ensure_dir(&d)?;
+        }
+        // The directories made here are durable once the root is fsynced.
+        if made {
+            paths::sync_dir(&cfg.dir).map_err(StoreError::fs("fsync directory", &cfg.dir))?;
         }
         let marker = cfg.dir.join("GEOMETRY");
         let expected = cfg.geometry.describe();
@@ -575,8 +584,7 @@ impl DiskTier {
                 .fanout(&parent, &mut dirs)
                 .and_then(|_| fs::rename(&p.tmp, &dst).map_err(StoreError::fs("rename", &dst)));
             match moved {
-                Ok(()) if !dirs.contains(&parent) => dirs.push(parent),
-                Ok(()) => {}
+                Ok(()) => add_dir(&mut dirs, &parent),
                 Err(e) => p.err = Some(e),
             }
         }
@@ -838,18 +846,12 @@ impl DiskTier {
     /// never through a link. Adds to `dirs` each directory whose entries
     /// this call changed (the parent of a directory it created).
     fn fanout(&self, parent: &Path, dirs: &mut Vec<PathBuf>) -> Result<()> {
-        let mut changed = |d: Option<&Path>| {
-            if let Some(d) = d.filter(|d| !dirs.iter().any(|x| x == d)) {
-                dirs.push(d.to_path_buf());
+        for d in [parent.parent(), Some(parent)].into_iter().flatten() {
+            if paths::ensure_dir(d)? {
+                if let Some(above) = d.parent() {
+                    add_dir(dirs, above);
+                }
             }
-        };
-        if let Some(ab) = parent.parent() {
-            if paths::ensure_dir(ab)? {
-                changed(ab.parent());
-            }
-        }
-        if paths::ensure_dir(parent)? {
-            changed(parent.parent());
         }
         Ok(())
     }
