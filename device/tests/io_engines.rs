@@ -521,6 +521,24 @@ fn every_engine_passes_the_io_test_body() {
     }
 }
 
+/// The same body on files where O_DIRECT is refused: their writes
+/// serialize in the kernel, and the POSIX engine keeps each file's writes
+/// on one worker (its lane) while they are in flight.
+#[test]
+fn every_engine_passes_the_io_test_body_on_buffered_files() {
+    for (i, (kind, engine)) in engines().iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let _buffered = faults::inject(FaultRule::errno(
+            dir.path(),
+            FaultOp::OpenDirect,
+            libc::EINVAL,
+        ));
+        eprintln!("io test body on {kind}, buffered files");
+        random_io_matches_model(engine.as_ref(), dir.path(), 0xbeef + i as u64);
+        reads_past_eof(engine.as_ref(), dir.path());
+    }
+}
+
 #[test]
 fn dropping_an_engine_drains_its_in_flight_operations() {
     for kind in IoEngineKind::CONCRETE {

@@ -59,9 +59,22 @@ pub struct IoFile {
     path: PathBuf,
     writable: bool,
     direct: bool,
+    serial_writes: bool,
 }
 
 static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// tmpfs's `f_type` (linux/magic.h).
+const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+
+/// True when `fd` lies on tmpfs (false when that cannot be told).
+fn on_tmpfs(fd: RawFd) -> bool {
+    // SAFETY: an all-zero `statfs` is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor and `st` a valid out-pointer.
+    let rc = unsafe { libc::fstatfs(fd, &mut st) };
+    rc == 0 && st.f_type as libc::c_long == TMPFS_MAGIC
+}
 
 fn open_raw(path: &Path, flags: libc::c_int) -> std::result::Result<OwnedFd, i32> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| libc::EINVAL)?;
@@ -153,11 +166,13 @@ impl IoFile {
             )));
         }
         let fd = OwnedFd::from(file);
+        let serial_writes = !direct || on_tmpfs(fd.as_raw_fd());
         Ok(IoFile {
             fd,
             path,
             writable: opts.write,
             direct,
+            serial_writes,
         })
     }
 
@@ -174,6 +189,16 @@ impl IoFile {
     /// True when O_DIRECT is in effect (false after a fallback).
     pub fn is_direct(&self) -> bool {
         self.direct
+    }
+
+    /// True when the kernel runs this file's writes one at a time whatever
+    /// the number of threads issuing them: buffered I/O (every buffered
+    /// write takes the inode's lock) and tmpfs (which accepts O_DIRECT but
+    /// copies through the page cache under that lock). An engine may keep
+    /// such a file's writes on one thread: more threads only add lock
+    /// hand-offs.
+    pub fn writes_serialize(&self) -> bool {
+        self.serial_writes
     }
 
     /// The raw descriptor (valid while `self` lives).
