@@ -434,7 +434,13 @@ impl DiskTier {
     /// nothing becomes visible and the error says why.
     pub fn write_block(&self, id: &BlockId, shards: Vec<IoBuf>) -> Result<()> {
         let mut r = self.write_blocks(vec![(*id, shards)]);
-        r.pop().map_or(Ok(()), |(_, r)| r)
+        match r.pop() {
+            Some((_, r)) => r,
+            // One outcome per block is the contract; none is never success.
+            None => Err(StoreError::fs("write block", self.path_of(id))(
+                std::io::Error::other("no outcome was reported for the block"),
+            )),
+        }
     }
 
     /// Writes many blocks at once, in batches of [`WRITE_BATCH_BLOCKS`]

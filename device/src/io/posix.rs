@@ -273,7 +273,9 @@ impl Drop for PosixEngine {
 #[cfg(test)]
 mod tests {
     use super::{runs, LaneMap, PosixEngine};
-    use crate::io::{IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions};
+    use crate::io::{
+        IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
+    };
     use std::sync::{Arc, PoisonError};
 
     #[test]
@@ -286,7 +288,11 @@ mod tests {
             m.done(10);
         }
         assert!(!m.files.contains_key(&10), "nothing in flight: forgotten");
-        assert_eq!(m.assign(10, 1), 2, "back with nothing in flight: next in turn");
+        assert_eq!(
+            m.assign(10, 1),
+            2,
+            "back with nothing in flight: next in turn"
+        );
         assert_eq!(m.assign(30, 1), 0, "lanes wrap around");
         m.done(99); // unknown files are ignored
         m.done(20);
