@@ -300,6 +300,32 @@ mod tests {
     }
 
     #[test]
+    fn dropping_the_engine_drains_the_lanes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
+        cfg.workers = 3;
+        let engine = PosixEngine::new(&cfg).unwrap();
+        let opts = OpenOptions {
+            direct: false,
+            ..OpenOptions::read_write()
+        };
+        let files: Vec<Arc<IoFile>> = (0..4)
+            .map(|i| Arc::new(IoFile::open(dir.path().join(format!("f{i}")), opts).unwrap()))
+            .collect();
+        let reqs = (0..64u64)
+            .map(|i| {
+                let f = &files[i as usize % files.len()];
+                IoRequest::write(Arc::clone(f), i * 4096, IoBuf::from_slice(&[1; 4096]))
+            })
+            .collect();
+        let tickets = engine.submit(reqs);
+        drop(engine);
+        for t in tickets {
+            assert_eq!(t.wait().result.unwrap(), 4096);
+        }
+    }
+
+    #[test]
     fn serialized_writes_take_a_lane_and_leave_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
