@@ -59,7 +59,9 @@ pub struct IoFile {
     path: PathBuf,
     writable: bool,
     direct: bool,
-    serial_writes: bool,
+    /// Whether writes serialize, told on first ask (an `fstatfs`), so
+    /// opening pays nothing for it.
+    serial_writes: std::sync::OnceLock<bool>,
 }
 
 static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
@@ -166,13 +168,12 @@ impl IoFile {
             )));
         }
         let fd = OwnedFd::from(file);
-        let serial_writes = !direct || on_tmpfs(fd.as_raw_fd());
         Ok(IoFile {
             fd,
             path,
             writable: opts.write,
             direct,
-            serial_writes,
+            serial_writes: std::sync::OnceLock::new(),
         })
     }
 
@@ -198,7 +199,9 @@ impl IoFile {
     /// such a file's writes on one thread: more threads only add lock
     /// hand-offs.
     pub fn writes_serialize(&self) -> bool {
-        self.serial_writes
+        *self
+            .serial_writes
+            .get_or_init(|| !self.direct || on_tmpfs(self.raw_fd()))
     }
 
     /// The raw descriptor (valid while `self` lives).

@@ -103,6 +103,13 @@ fn runs<T>(mut ready: Vec<T>, workers: usize) -> Vec<Vec<T>> {
     out
 }
 
+/// Completes the operations of a run no worker can take any more.
+fn refuse(run: Vec<Prepared>) {
+    for p in run {
+        p.complete(-(libc::ESHUTDOWN as i64));
+    }
+}
+
 /// True for an operation that goes to its file's lane.
 fn serialized(p: &Prepared) -> bool {
     p.op == IoOp::Write && p.file.writes_serialize()
@@ -218,9 +225,7 @@ impl PosixEngine {
                 .unwrap_or_else(PoisonError::into_inner)
                 .assign(key, run.len());
             if let Err(e) = self.lanes_tx[lane].send(run) {
-                for p in e.into_inner() {
-                    p.complete(-(libc::ESHUTDOWN as i64));
-                }
+                refuse(e.into_inner());
             }
         }
     }
@@ -248,12 +253,13 @@ impl IoEngine for PosixEngine {
             return tickets;
         }
         for run in runs(ready, self.workers()) {
-            let refused = match &self.tx {
-                Some(tx) => tx.send(run).err().map(|e| e.into_inner()),
-                None => Some(run),
-            };
-            for p in refused.into_iter().flatten() {
-                p.complete(-(libc::ESHUTDOWN as i64));
+            match &self.tx {
+                Some(tx) => {
+                    if let Err(e) = tx.send(run) {
+                        refuse(e.into_inner());
+                    }
+                }
+                None => refuse(run),
             }
         }
         tickets
@@ -277,6 +283,18 @@ mod tests {
         IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
     };
     use std::sync::{Arc, PoisonError};
+
+    /// A POSIX engine of `workers` workers, and options that open files
+    /// buffered (their writes serialize: they take lanes).
+    fn engine_and_buffered(workers: usize) -> (PosixEngine, OpenOptions) {
+        let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
+        cfg.workers = workers;
+        let opts = OpenOptions {
+            direct: false,
+            ..OpenOptions::read_write()
+        };
+        (PosixEngine::new(&cfg).unwrap(), opts)
+    }
 
     #[test]
     fn a_file_keeps_its_lane_while_its_writes_are_in_flight() {
@@ -302,13 +320,7 @@ mod tests {
     #[test]
     fn dropping_the_engine_drains_the_lanes() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
-        cfg.workers = 3;
-        let engine = PosixEngine::new(&cfg).unwrap();
-        let opts = OpenOptions {
-            direct: false,
-            ..OpenOptions::read_write()
-        };
+        let (engine, opts) = engine_and_buffered(3);
         let files: Vec<Arc<IoFile>> = (0..4)
             .map(|i| Arc::new(IoFile::open(dir.path().join(format!("f{i}")), opts).unwrap()))
             .collect();
@@ -328,13 +340,7 @@ mod tests {
     #[test]
     fn serialized_writes_take_a_lane_and_leave_nothing_behind() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = IoEngineConfig::new(IoEngineKind::Posix);
-        cfg.workers = 4;
-        let engine = PosixEngine::new(&cfg).unwrap();
-        let opts = OpenOptions {
-            direct: false,
-            ..OpenOptions::read_write()
-        };
+        let (engine, opts) = engine_and_buffered(4);
         let (a, b) = (
             Arc::new(IoFile::open(dir.path().join("a"), opts).unwrap()),
             Arc::new(IoFile::open(dir.path().join("b"), opts).unwrap()),
