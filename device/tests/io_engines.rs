@@ -692,3 +692,71 @@ fn long_gather_lists_are_cut_at_the_buffer_limit_in_file_order() {
         .iter()
         .all(|&b| b == (i % 251) as u8)));
 }
+
+/// An unnamed file (`O_TMPFILE`) takes writes and fsyncs through every
+/// engine, is nowhere in its directory until linked, then has exactly its
+/// bytes under the new name; a link never replaces a file, a named file
+/// cannot be linked again, an unlinked one vanishes on close, a symbolic
+/// link in place of the directory is refused, and an injected link fault
+/// reaches the link.
+#[test]
+fn unnamed_files_appear_only_when_linked() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = |d: &Path| std::fs::read_dir(d).unwrap().count();
+    for (kind, engine) in engines() {
+        let sub = dir.path().join(kind.to_string());
+        std::fs::create_dir(&sub).unwrap();
+        let f = match IoFile::create_unnamed(&sub, true) {
+            Ok(f) => Arc::new(f),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                eprintln!("skipping: this file system has no O_TMPFILE ({e})");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut buf = IoBuf::new(2 * PAGE);
+        Rng(7).fill(buf.as_mut_slice());
+        let want = buf.as_slice().to_vec();
+        let out = wait_all(&*engine, vec![IoRequest::write(Arc::clone(&f), 0, buf)]);
+        assert!(out[0].result.is_ok(), "{kind}: {:?}", out[0].result);
+        let out = wait_all(&*engine, vec![IoRequest::fsync(Arc::clone(&f))]);
+        assert!(out[0].result.is_ok(), "{kind}");
+        assert_eq!(entries(&sub), 0, "{kind}: an unnamed file showed up");
+
+        // A taken name is never replaced; the file can still be named.
+        let taken = sub.join("taken");
+        std::fs::write(&taken, b"keep").unwrap();
+        let e = f.link_as(&taken).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "{e}");
+        assert_eq!(std::fs::read(&taken).unwrap(), b"keep");
+        let dst = sub.join("block");
+        f.link_as(&dst).unwrap();
+        assert_eq!(std::fs::read(&dst).unwrap(), want, "{kind}");
+        assert!(f.link_as(sub.join("again")).is_err(), "named twice");
+        assert!(!sub.join("again").exists());
+
+        // Never named: gone when closed.
+        drop(IoFile::create_unnamed(&sub, true).unwrap());
+        assert_eq!(entries(&sub), 2, "{kind}: only `taken` and `block`");
+    }
+
+    // The directory must not be a symbolic link; nothing lands in its target.
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    assert!(IoFile::create_unnamed(&link, true).is_err());
+    assert!(IoFile::create_unnamed(dir.path().join("missing"), true).is_err());
+
+    // A fault rule on the new name fails the link and nothing appears.
+    let f = IoFile::create_unnamed(&target, true).unwrap();
+    let dst = target.join("x");
+    {
+        let _g = faults::inject(FaultRule::errno(&dst, FaultOp::Link, libc::EIO));
+        let e = f.link_as(&dst).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+        assert!(!dst.exists());
+    }
+    f.link_as(&dst).unwrap();
+    assert!(dst.exists());
+}

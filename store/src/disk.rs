@@ -4,7 +4,9 @@
 //!
 //! ```text
 //! GEOMETRY                 the instance's geometry; another one is refused
-//! tmp/                     files being written; cleared at open, never read
+//! tmp/                     files being written (unnamed where the file
+//!                          system allows); named ones of dead writers are
+//!                          cleared at open, never read
 //! blocks/ab/cd/<id>.blk    finished blocks (hex fan-out on the first 2 bytes)
 //! ```
 //!
@@ -13,10 +15,14 @@
 //! magic `UCMBLK\0\x01`, the format version, the geometry, the block id, a
 //! CRC32C per shard and a CRC32C of the header itself, padded to 4 KiB.
 //!
-//! A block is written to `tmp/` through the I/O engine with O_DIRECT (its
-//! header and shards as one vectored write), fsynced, renamed into
+//! A block is written to a file in `tmp/` through the I/O engine with
+//! O_DIRECT (its header and shards as one vectored write, handed to the
+//! engine as soon as the block is checksummed), fsynced, given its name in
 //! `blocks/` and the directory fsynced, only when **all** its shards were
-//! written. Blocks go in batches; the next batch's writes are in flight
+//! written. The file is unnamed (`O_TMPFILE`, then `linkat`) where the file
+//! system allows: a crash leaves nothing in `tmp/`, and a block costs one
+//! directory operation instead of a create and a rename; elsewhere it is a
+//! named file, renamed into place. Blocks go in batches; the next batch's writes are in flight
 //! while a batch waits on its fsyncs and renames, and the directories of
 //! the batch before are fsynced with them. A reader never sees a
 //! partial file; a crash leaves the old state or the whole new block. A
@@ -73,6 +79,10 @@ pub struct DiskConfig {
     /// How long a GC lease holds before another tier may take it over
     /// (see [`DiskTier::gc`]).
     pub gc_lease: Duration,
+    /// Write blocks to unnamed temporary files (`O_TMPFILE`, linked into
+    /// `blocks/` once durable) where the file system has them; false, or a
+    /// file system that refuses them: named files in `tmp/`, renamed.
+    pub unnamed_tmp: bool,
 }
 
 impl DiskConfig {
@@ -86,6 +96,7 @@ impl DiskConfig {
             touch_interval: Duration::from_secs(1),
             gc_every: (capacity_blocks / 16).clamp(1, 65_536),
             gc_lease: Duration::from_secs(60),
+            unnamed_tmp: true,
         }
     }
 }
@@ -132,20 +143,26 @@ pub struct DiskTier {
     /// `evict_all` forget all, so a stale entry (another process's or
     /// another machine's GC) is only ever a miss at load, never data.
     known: std::sync::RwLock<std::collections::HashSet<BlockId>>,
+    /// Blocks are written to unnamed files (`O_TMPFILE`) until the file
+    /// system refuses one; then to named temporary files.
+    unnamed: std::sync::atomic::AtomicBool,
 }
 
 /// Lookups of at least this many unknown ids stat them on two threads.
 const PARALLEL_LOOKUP: usize = 512;
 
-/// Blocks written per batch of [`DiskTier::write_blocks`]: at most twice
-/// as many temporary files are open at once (one batch being fsynced, the
-/// one after it writing; a batch's files are closed before its renames).
+/// Blocks written per batch of [`DiskTier::write_blocks`]: at most three
+/// times as many temporary files are open at once per writer (a batch
+/// being fsynced, the one after it writing, and, while the batch before is
+/// named, the one after that; a batch's files are closed once named).
 pub const WRITE_BATCH_BLOCKS: usize = 64;
 
 /// A block on its way to disk.
 struct Pending {
     id: BlockId,
-    tmp: PathBuf,
+    /// The temporary file's name in `tmp/`; `None` for an unnamed file
+    /// (`O_TMPFILE`), which is linked into `blocks/` instead of renamed.
+    tmp: Option<PathBuf>,
     file: Option<Arc<IoFile>>,
     err: Option<StoreError>,
 }
@@ -262,6 +279,7 @@ impl DiskTier {
         let header_bytes =
             header::header_len(cfg.geometry).div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN;
         Ok(DiskTier {
+            unnamed: std::sync::atomic::AtomicBool::new(cfg.unnamed_tmp),
             cfg,
             engine,
             header_bytes,
@@ -430,7 +448,7 @@ impl DiskTier {
     }
 
     /// Writes block `id` with all its shards (in shard order), crash-safely:
-    /// temporary file, fsync, rename, directory fsync. On any failure
+    /// temporary file, fsync, link or rename, directory fsync. On any failure
     /// nothing becomes visible and the error says why.
     pub fn write_block(&self, id: &BlockId, shards: Vec<IoBuf>) -> Result<()> {
         let mut r = self.write_blocks(vec![(*id, shards)]);
@@ -444,13 +462,14 @@ impl DiskTier {
     }
 
     /// Writes many blocks at once, in batches of [`WRITE_BATCH_BLOCKS`]
-    /// (bounding the temporary files open at once): every block of a batch
-    /// is written to the engine at once, then the batch's fsyncs go in one
-    /// submission, then the renames, then one fsync per directory touched.
+    /// (bounding the temporary files open at once): each block's write goes
+    /// to the engine as soon as its file is open and its header made, then
+    /// the batch's fsyncs go in one submission, then the files are named
+    /// (linked or renamed), then one fsync per directory touched.
     /// Batches overlap: batch N's file fsyncs are in flight with batch
     /// N-1's directory fsyncs (one journal commit serves both) and batch
     /// N+1's writes, and batch N+2's writes are handed to the engine before
-    /// batch N's renames. A batch is reported only after its directory
+    /// batch N is named. A batch is reported only after its directory
     /// fsyncs. Each block succeeds or fails alone, with the guarantees of
     /// [`DiskTier::write_block`].
     pub fn write_blocks(&self, blocks: Vec<(BlockId, Vec<IoBuf>)>) -> Vec<(BlockId, Result<()>)> {
@@ -484,20 +503,11 @@ impl DiskTier {
         let mut pending: Vec<Pending> = Vec::with_capacity(blocks.len());
         // One vectored write per block (header, then its shards in order):
         // a block costs one operation however many shards it has.
-        let mut reqs = Vec::new();
-        let mut owner = Vec::new(); // request -> pending index
+        let mut writes: Vec<(IoTicket, usize)> = Vec::new();
         for (id, shards) in blocks {
-            // The writer's identity is in the name: another process opening
-            // this store removes it only once this writer is dead.
-            let tmp = self.cfg.dir.join("tmp").join(format!(
-                "{}.{}.{}.tmp",
-                hex(&id),
-                paths::writer_id(),
-                paths::next_nonce()
-            ));
             let mut p = Pending {
                 id,
-                tmp,
+                tmp: None,
                 file: None,
                 err: None,
             };
@@ -511,30 +521,102 @@ impl DiskTier {
                 pending.push(p);
                 continue;
             }
-            let opts = OpenOptions {
-                write: true,
-                create: true,
-                truncate: true,
-                direct: true,
-            };
-            match IoFile::open(&p.tmp, opts) {
-                Err(e) => p.err = Some(e.into()),
-                Ok(f) => {
+            match self.create_tmp(&id) {
+                Err(e) => p.err = Some(e),
+                Ok((f, tmp)) => {
+                    p.tmp = tmp;
                     let f = Arc::new(f);
                     let mut bufs = Vec::with_capacity(1 + shards.len());
                     bufs.push(self.header(&id, &shards));
                     bufs.extend(shards);
-                    for r in IoRequest::writes_vectored(&f, 0, bufs) {
-                        reqs.push(r);
-                        owner.push(pending.len());
-                    }
+                    // Submitted at once: the disk starts on this block
+                    // while the next ones are opened and checksummed.
+                    let reqs = IoRequest::writes_vectored(&f, 0, bufs);
+                    let i = pending.len();
+                    writes.extend(self.engine.submit(reqs).into_iter().map(|t| (t, i)));
                     p.file = Some(f);
                 }
             }
             pending.push(p);
         }
-        let writes = self.engine.submit(reqs).into_iter().zip(owner).collect();
         Writing { pending, writes }
+    }
+
+    /// Creates block `id`'s temporary file in `tmp/`: unnamed where the
+    /// file system can (nothing to clean up after a crash, and one link
+    /// instead of a create and a rename), else named with the writer's
+    /// identity. Returns the file and, when named, its path.
+    fn create_tmp(&self, id: &BlockId) -> Result<(IoFile, Option<PathBuf>)> {
+        let dir = self.cfg.dir.join("tmp");
+        if self.unnamed.load(Ordering::Relaxed) {
+            match IoFile::create_unnamed(&dir, true) {
+                Ok(f) => return Ok((f, None)),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                    ) =>
+                {
+                    if self.unnamed.swap(false, Ordering::Relaxed) {
+                        log::info!(
+                            "disk tier {}: unnamed temporary files refused ({e}); \
+                             writing named ones",
+                            self.cfg.dir.display()
+                        );
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The writer's identity is in the name: another process opening
+        // this store removes it only once this writer is dead.
+        let tmp = dir.join(format!(
+            "{}.{}.{}.tmp",
+            hex(id),
+            paths::writer_id(),
+            paths::next_nonce()
+        ));
+        let opts = OpenOptions {
+            write: true,
+            create: true,
+            truncate: true,
+            direct: true,
+        };
+        let f = IoFile::open(&tmp, opts)?;
+        Ok((f, Some(tmp)))
+    }
+
+    /// Gives a synced block file its name in `blocks/`: a link of an
+    /// unnamed file, a rename of a named one. A link never replaces a file;
+    /// where one is there already (a rewrite), the file is linked to a
+    /// fresh name in `tmp/` and renamed over it, which replaces it
+    /// atomically as a rename does.
+    fn place(&self, p: &mut Pending, dst: &Path) -> Result<()> {
+        let file = match (&p.tmp, &p.file) {
+            (Some(tmp), _) => {
+                return fs::rename(tmp, dst).map_err(StoreError::fs("rename", dst));
+            }
+            (None, Some(f)) => f,
+            (None, None) => {
+                return Err(StoreError::fs("link", dst)(std::io::Error::other(
+                    "the unnamed file was closed before it was named",
+                )))
+            }
+        };
+        match file.link_as(dst) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                let tmp = self.cfg.dir.join("tmp").join(format!(
+                    "{}.{}.{}.tmp",
+                    hex(&p.id),
+                    paths::writer_id(),
+                    paths::next_nonce()
+                ));
+                file.link_as(&tmp)?;
+                p.tmp = Some(tmp.clone());
+                fs::rename(&tmp, dst).map_err(StoreError::fs("rename", dst))
+            }
+            r => r.map_err(Into::into),
+        }
     }
 
     /// Waits for a batch's writes and fsyncs its files (closing them). The
@@ -573,13 +655,14 @@ impl DiskTier {
                 pending[i].err.get_or_insert(e.into());
             }
         }
-        for p in &mut pending {
+        // Named files are closed; unnamed ones stay open until linked.
+        for p in pending.iter_mut().filter(|p| p.tmp.is_some()) {
             p.file = None;
         }
         (pending, done)
     }
 
-    /// Renames a synced batch's files into `blocks/` (making the fan-out
+    /// Names a synced batch's files in `blocks/` (making the fan-out
     /// directories they need); their directories are not yet fsynced.
     fn rename(&self, mut pending: Vec<Pending>) -> Renamed {
         let mut dirs: Vec<PathBuf> = Vec::new();
@@ -588,7 +671,9 @@ impl DiskTier {
             let parent = dst.parent().unwrap_or(&self.cfg.dir).to_path_buf();
             let moved = self
                 .fanout(&parent, &mut dirs)
-                .and_then(|_| fs::rename(&p.tmp, &dst).map_err(StoreError::fs("rename", &dst)));
+                .and_then(|_| self.place(p, &dst));
+            // Closing an unnamed file that was not linked frees it.
+            p.file = None;
             match moved {
                 Ok(()) => add_dir(&mut dirs, &parent),
                 Err(e) => p.err = Some(e),
@@ -633,7 +718,9 @@ impl DiskTier {
                         Ok(())
                     }
                     Some(e) => {
-                        let _ = fs::remove_file(&p.tmp);
+                        if let Some(tmp) = &p.tmp {
+                            let _ = fs::remove_file(tmp);
+                        }
                         self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
                         let _ = crate::failure::warn_limited(
                             &format!("block {} not written", hex(&p.id)),

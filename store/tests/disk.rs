@@ -44,6 +44,20 @@ fn open(dir: &Path, g: Geometry, capacity: u64) -> DiskTier {
     DiskTier::open(DiskConfig::new(dir, g, capacity), engine()).unwrap()
 }
 
+/// A tier writing unnamed temporary files (`O_TMPFILE`) or named ones.
+fn open_with(dir: &Path, g: Geometry, capacity: u64, unnamed: bool) -> DiskTier {
+    let mut cfg = DiskConfig::new(dir, g, capacity);
+    cfg.unnamed_tmp = unnamed;
+    DiskTier::open(cfg, engine()).unwrap()
+}
+
+/// The bytes of every shard of block `n`, read from its file.
+fn read_all(t: &DiskTier, g: Geometry, n: u64) -> Option<Vec<Vec<u8>>> {
+    let all: Vec<u32> = (0..g.shards_per_block).collect();
+    let bufs = t.read_shards(&id(n), &all).unwrap()?;
+    Some(bufs.iter().map(|b| b.as_slice().to_vec()).collect())
+}
+
 fn check_block(t: &DiskTier, g: Geometry, n: u64) -> bool {
     let all: Vec<u32> = (0..g.shards_per_block).collect();
     match t.read_shards(&id(n), &all).unwrap() {
@@ -136,13 +150,21 @@ fn five_hundred_twelve_blocks_of_thirty_two_shards_read_back_exactly() {
 
 #[test]
 fn write_blocks_over_many_batches_reports_every_block_in_order() {
+    // Unnamed temporary files (the default) and named ones (the fallback
+    // where a file system has no O_TMPFILE).
+    for unnamed in [true, false] {
+        many_batches(unnamed);
+    }
+}
+
+fn many_batches(unnamed: bool) {
     // Five full batches and a partial one go through the overlapped
-    // pipeline (fsync, rename and directory fsync of different batches at
+    // pipeline (fsync, naming and directory fsync of different batches at
     // once); one block of the third batch is refused.
     let n = 5 * ucm_store::disk::WRITE_BATCH_BLOCKS as u64 + 7;
     let bad = 2 * ucm_store::disk::WRITE_BATCH_BLOCKS as u64 + 5;
     let dir = tempfile::tempdir().unwrap();
-    let t = open(dir.path(), GEO, 10_000);
+    let t = open_with(dir.path(), GEO, 10_000, unnamed);
     let blocks = (0..n)
         .map(|b| {
             let mut s = shards(GEO, b);
@@ -167,6 +189,50 @@ fn write_blocks_over_many_batches_reports_every_block_in_order() {
     let t = open(dir.path(), GEO, 10_000);
     let found: Vec<u64> = (0..n).filter(|&b| check_block(&t, GEO, b)).collect();
     assert_eq!(found, (0..n).filter(|&b| b != bad).collect::<Vec<_>>());
+}
+
+#[test]
+fn rewriting_a_block_replaces_it() {
+    // A link never replaces a file: the unnamed path names the new file in
+    // tmp/ and renames it over the old one, as the named path does.
+    for unnamed in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let t = open_with(dir.path(), GEO, 100, unnamed);
+        t.write_block(&id(1), shards(GEO, 1)).unwrap();
+        t.write_block(&id(1), shards(GEO, 2)).unwrap();
+        let want: Vec<Vec<u8>> = shards(GEO, 2)
+            .iter()
+            .map(|b| b.as_slice().to_vec())
+            .collect();
+        // Compared whole, reported short (a block is 32 KiB of bytes).
+        assert!(
+            read_all(&t, GEO, 1) == Some(want),
+            "unnamed={unnamed}: the old block is still there"
+        );
+        assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    }
+}
+
+#[test]
+fn a_failed_link_leaves_nothing_visible() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = open(dir.path(), GEO, 100);
+    {
+        let _g = faults::inject(FaultRule::errno(
+            dir.path().join("blocks"),
+            FaultOp::Link,
+            libc::EIO,
+        ));
+        let err = t.write_block(&id(1), shards(GEO, 1)).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Device(e) if e.raw_os_error() == Some(libc::EIO)),
+            "{err}"
+        );
+    }
+    assert!(!t.exists(&id(1)));
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    t.write_block(&id(1), shards(GEO, 1)).unwrap();
+    assert!(check_block(&t, GEO, 1));
 }
 
 #[test]
@@ -388,6 +454,12 @@ fn sigkill_mid_write_leaves_whole_blocks_or_misses() {
         std::thread::sleep(Duration::from_millis(30 + (x >> 33) % 120));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
+        // Unnamed files in flight died with the child: nothing to clear.
+        assert_eq!(
+            fs::read_dir(dir.path().join("tmp")).unwrap().count(),
+            0,
+            "a killed writer left a temporary file"
+        );
         let t = open(dir.path(), GEO, 1_000_000);
         assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
         // Every block the child may have written reads back exactly or is a miss.

@@ -28,6 +28,9 @@ pub enum FaultOp {
     Write,
     /// An fsync.
     Fsync,
+    /// Naming an unnamed file through [`IoFile::link_as`](crate::io::IoFile::link_as)
+    /// (the rule's path is matched against the new name).
+    Link,
 }
 
 /// What a matched operation gets.

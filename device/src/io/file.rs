@@ -59,6 +59,8 @@ pub struct IoFile {
     path: PathBuf,
     writable: bool,
     direct: bool,
+    /// Made by [`IoFile::create_unnamed`] and not yet given a name.
+    unnamed: AtomicBool,
     /// Whether writes serialize, told on first ask (an `fstatfs`), so
     /// opening pays nothing for it.
     serial_writes: std::sync::OnceLock<bool>,
@@ -113,10 +115,6 @@ fn open_raw(path: &Path, flags: libc::c_int) -> std::result::Result<OwnedFd, i32
 impl IoFile {
     /// Opens `path` as `opts` says.
     pub fn open(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
-        if let Some(errno) = faults::check_errno(FaultOp::Open, &path, 0) {
-            return Err(DeviceError::os("open", Some(path), errno));
-        }
         // Never through a symbolic link (the last component), and never
         // blocking on a FIFO: only regular files are accepted below.
         let mut flags = libc::O_NOFOLLOW
@@ -132,8 +130,106 @@ impl IoFile {
         if opts.truncate {
             flags |= libc::O_TRUNC;
         }
+        Self::open_flags(path.as_ref(), flags, opts.direct, opts.write, false)
+    }
+
+    /// Creates a file with no name in directory `dir` (`O_TMPFILE`, mode
+    /// 0600, read-write, O_DIRECT where allowed): it is freed when the last
+    /// handle closes, or by the file system's recovery after a crash, unless
+    /// [`IoFile::link_as`] gives it a name first. `dir` itself must not be a
+    /// symbolic link. Errors are those of `open(2)`; a file system without
+    /// `O_TMPFILE` answers `EOPNOTSUPP` (`EISDIR` on kernels older than
+    /// 3.11). The file's [`path`](IoFile::path) is `dir`, which is also the
+    /// path fault rules match its operations against.
+    pub fn create_unnamed(dir: impl AsRef<Path>, direct: bool) -> Result<Self> {
+        let flags = libc::O_TMPFILE | libc::O_RDWR | libc::O_NOFOLLOW;
+        Self::open_flags(dir.as_ref(), flags, direct, true, true)
+    }
+
+    /// Gives a file made by [`IoFile::create_unnamed`] the name `dst`
+    /// (`linkat`), on the same file system as its directory. An existing
+    /// `dst` is never replaced: that is `EEXIST`. Once named, the file is
+    /// an ordinary file (a second call is refused). The new name is durable
+    /// only after an fsync of `dst`'s directory. [`IoFile::path`] stays the
+    /// directory it was created in.
+    pub fn link_as(&self, dst: impl AsRef<Path>) -> Result<()> {
+        let dst = dst.as_ref();
+        // Claimed before the call (two threads cannot both name it), given
+        // back if the link fails.
+        if !self.unnamed.swap(false, Ordering::AcqRel) {
+            return Err(DeviceError::InvalidArgument(format!(
+                "{} already has a name",
+                self.path.display()
+            )));
+        }
+        let r = self.link_unnamed(dst);
+        if r.is_err() {
+            self.unnamed.store(true, Ordering::Release);
+        }
+        r
+    }
+
+    fn link_unnamed(&self, dst: &Path) -> Result<()> {
+        if let Some(errno) = faults::check_errno(FaultOp::Link, dst, 0) {
+            return Err(DeviceError::os("link", Some(dst.to_path_buf()), errno));
+        }
+        let to = CString::new(dst.as_os_str().as_bytes()).map_err(|_| {
+            DeviceError::InvalidArgument(format!("{} holds a NUL byte", dst.display()))
+        })?;
+        // Through /proc (no privilege needed); where /proc is not mounted,
+        // AT_EMPTY_PATH on the descriptor (needs CAP_DAC_READ_SEARCH).
+        let proc = CString::new(format!("/proc/self/fd/{}", self.raw_fd()))
+            .map_err(|_| DeviceError::InvalidArgument("descriptor path".into()))?;
+        // SAFETY: both strings are valid and NUL-terminated; AT_FDCWD with
+        // absolute or cwd-relative paths; linkat reads them only.
+        let mut rc = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                proc.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        let mut err = std::io::Error::last_os_error();
+        if rc != 0 && err.raw_os_error() == Some(libc::ENOENT) && !Path::new("/proc/self").exists()
+        {
+            // SAFETY: the descriptor is open; the empty string is valid and
+            // NUL-terminated; `to` as above.
+            rc = unsafe {
+                libc::linkat(
+                    self.raw_fd(),
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            err = std::io::Error::last_os_error();
+        }
+        if rc != 0 {
+            return Err(DeviceError::Io {
+                op: "link",
+                path: Some(dst.to_path_buf()),
+                source: err,
+            });
+        }
+        Ok(())
+    }
+
+    fn open_flags(
+        path: &Path,
+        flags: libc::c_int,
+        want_direct: bool,
+        writable: bool,
+        unnamed: bool,
+    ) -> Result<Self> {
+        let path = path.to_path_buf();
+        if let Some(errno) = faults::check_errno(FaultOp::Open, &path, 0) {
+            return Err(DeviceError::os("open", Some(path), errno));
+        }
         let mut direct = false;
-        let fd = if opts.direct {
+        let fd = if want_direct {
             let attempt = match faults::check_errno(FaultOp::OpenDirect, &path, 0) {
                 Some(errno) => Err(errno),
                 None => open_raw(&path, flags | libc::O_DIRECT),
@@ -171,8 +267,9 @@ impl IoFile {
         Ok(IoFile {
             fd,
             path,
-            writable: opts.write,
+            writable,
             direct,
+            unnamed: AtomicBool::new(unnamed),
             serial_writes: std::sync::OnceLock::new(),
         })
     }
