@@ -119,6 +119,29 @@ fn file_key(f: &Arc<IoFile>) -> usize {
     Arc::as_ptr(f) as usize
 }
 
+/// Polls the worker's lane and the shared queue for up to [`super::SPIN`],
+/// the lane first on each try: a run handed to the lane while the worker
+/// polls is taken at once, not after the poll. `true` with a lane's run.
+fn spin_both(
+    own: &Receiver<Vec<Prepared>>,
+    shared: &Receiver<Vec<Prepared>>,
+) -> Option<(Vec<Prepared>, bool)> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(run) = own.try_recv() {
+            return Some((run, true));
+        }
+        if let Ok(run) = shared.try_recv() {
+            return Some((run, false));
+        }
+        // Both empty or closed: the blocking select below sorts out which.
+        if start.elapsed() >= super::SPIN {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Runs a worker: its own lane first, then the shared queue; ends once
 /// every sender is gone and both queues are empty.
 fn work(own: Receiver<Vec<Prepared>>, shared: Receiver<Vec<Prepared>>, lanes: Lanes, poll: bool) {
@@ -143,9 +166,9 @@ fn work(own: Receiver<Vec<Prepared>>, shared: Receiver<Vec<Prepared>>, lanes: La
             Err(TryRecvError::Disconnected) => own_open = false,
             Err(TryRecvError::Empty) => {}
         }
-        if poll && shared_open {
-            if let Some(run) = super::spin_recv(&shared) {
-                execute(run, false);
+        if poll {
+            if let Some((run, laned)) = spin_both(&own, &shared) {
+                execute(run, laned);
                 continue;
             }
         }
@@ -278,7 +301,7 @@ impl Drop for PosixEngine {
 
 #[cfg(test)]
 mod tests {
-    use super::{runs, LaneMap, PosixEngine};
+    use super::{runs, spin_both, LaneMap, PosixEngine};
     use crate::io::{
         IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
     };
@@ -315,6 +338,30 @@ mod tests {
         m.done(99); // unknown files are ignored
         m.done(20);
         assert_eq!(m.files.len(), 2);
+    }
+
+    #[test]
+    fn a_polling_worker_takes_its_lane_first_and_sees_both_queues() {
+        let (own_tx, own) = crossbeam_channel::unbounded();
+        let (shared_tx, shared) = crossbeam_channel::unbounded();
+        assert!(spin_both(&own, &shared).is_none(), "both empty");
+        own_tx.send(Vec::new()).unwrap();
+        assert!(
+            matches!(spin_both(&own, &shared), Some((_, true))),
+            "lane only"
+        );
+        shared_tx.send(Vec::new()).unwrap();
+        assert!(
+            matches!(spin_both(&own, &shared), Some((_, false))),
+            "shared only"
+        );
+        own_tx.send(Vec::new()).unwrap();
+        shared_tx.send(Vec::new()).unwrap();
+        assert!(
+            matches!(spin_both(&own, &shared), Some((_, true))),
+            "lane first"
+        );
+        assert!(matches!(spin_both(&own, &shared), Some((_, false))));
     }
 
     #[test]
