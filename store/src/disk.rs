@@ -570,12 +570,7 @@ impl DiskTier {
         }
         // The writer's identity is in the name: another process opening
         // this store removes it only once this writer is dead.
-        let tmp = dir.join(format!(
-            "{}.{}.{}.tmp",
-            hex(id),
-            paths::writer_id(),
-            paths::next_nonce()
-        ));
+        let tmp = paths::tmp_path(&dir, &hex(id));
         let opts = OpenOptions {
             write: true,
             create: true,
@@ -605,12 +600,7 @@ impl DiskTier {
         };
         match file.link_as(dst) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                let tmp = self.cfg.dir.join("tmp").join(format!(
-                    "{}.{}.{}.tmp",
-                    hex(&p.id),
-                    paths::writer_id(),
-                    paths::next_nonce()
-                ));
+                let tmp = paths::tmp_path(&self.cfg.dir.join("tmp"), &hex(&p.id));
                 file.link_as(&tmp)?;
                 p.tmp = Some(tmp.clone());
                 fs::rename(&tmp, dst).map_err(StoreError::fs("rename", dst))

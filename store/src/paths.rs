@@ -203,6 +203,13 @@ pub fn read_marker(path: &Path) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&buf).trim().to_string()))
 }
 
+/// A temporary file of this writer in `tmp_dir`: `<stem>.<writer>.<nonce>.tmp`,
+/// the form [`stale_tmp`] reads back (so `stem` must hold no dot). Another
+/// process removes it only once this writer is dead.
+pub fn tmp_path(tmp_dir: &Path, stem: &str) -> PathBuf {
+    tmp_dir.join(format!("{stem}.{}.{}.tmp", writer_id(), next_nonce()))
+}
+
 /// A number unique in this process, for temporary file names: with the
 /// writer id in the name, two tiers of one process (two stores on one
 /// directory) never share a temporary file, whatever they write at once.
@@ -221,7 +228,7 @@ fn write_marker_tmp(path: &Path, tmp_dir: &Path, text: &str) -> std::io::Result<
         .and_then(|n| n.to_str())
         .unwrap_or("marker")
         .replace('.', "_");
-    let tmp: PathBuf = tmp_dir.join(format!("{stem}.{}.{}.tmp", writer_id(), next_nonce()));
+    let tmp = tmp_path(tmp_dir, &stem);
     let _ = fs::remove_file(&tmp);
     let written = (|| -> std::io::Result<()> {
         let mut f = fs::OpenOptions::new()
