@@ -254,12 +254,21 @@ pub(crate) fn spin_recv<T>(rx: &Receiver<T>) -> Option<T> {
 /// it reports that). For threads that are handed work microseconds apart
 /// and would otherwise sleep and be woken each time.
 pub fn poll_recv<T>(rx: &Receiver<T>, poll: Duration) -> Option<T> {
+    poll_with(poll, || match rx.try_recv() {
+        Ok(v) => Some(Some(v)),
+        Err(crossbeam_channel::TryRecvError::Disconnected) => Some(None),
+        Err(crossbeam_channel::TryRecvError::Empty) => None,
+    })
+    .flatten()
+}
+
+/// Calls `attempt` until it gives `Some`, for up to `poll`, yielding the
+/// core between tries; `None` when the time ran out.
+pub(crate) fn poll_with<T>(poll: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
     let start = std::time::Instant::now();
     loop {
-        match rx.try_recv() {
-            Ok(v) => return Some(v),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        if let Some(v) = attempt() {
+            return Some(v);
         }
         if start.elapsed() >= poll {
             return None;

@@ -126,20 +126,14 @@ fn spin_both(
     own: &Receiver<Vec<Prepared>>,
     shared: &Receiver<Vec<Prepared>>,
 ) -> Option<(Vec<Prepared>, bool)> {
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(run) = own.try_recv() {
-            return Some((run, true));
-        }
-        if let Ok(run) = shared.try_recv() {
-            return Some((run, false));
-        }
-        // Both empty or closed: the blocking select below sorts out which.
-        if start.elapsed() >= super::SPIN {
-            return None;
-        }
-        std::thread::yield_now();
-    }
+    // Both empty or closed until the time runs out: the blocking select
+    // after it sorts out which.
+    super::poll_with(super::SPIN, || {
+        own.try_recv()
+            .map(|run| (run, true))
+            .or_else(|_| shared.try_recv().map(|run| (run, false)))
+            .ok()
+    })
 }
 
 /// Runs a worker: its own lane first, then the shared queue; ends once
