@@ -22,8 +22,9 @@
 //! written. The file is unnamed (`O_TMPFILE`, then `linkat`) where the file
 //! system allows: a crash leaves nothing in `tmp/`, and a block costs one
 //! directory operation instead of a create and a rename; elsewhere it is a
-//! named file, renamed into place. Blocks go in batches; the next batch's writes are in flight
-//! while a batch waits on its fsyncs and renames, and the directories of
+//! named file, renamed into place. Blocks go in batches; the next
+//! batch's writes are in flight while a batch waits on its fsyncs and
+//! names, and the directories of
 //! the batch before are fsynced with them. A reader never sees a
 //! partial file; a crash leaves the old state or the whole new block. A
 //! shard whose checksum fails is a miss, never data, and its file is
