@@ -103,6 +103,7 @@ fn bench_io_json_prints_one_record_per_case() {
             "depth",
             "gib_s",
             "fio_gib_s",
+            "fio_own_gib_s",
             "ratio",
         ] {
             assert!(r.get(k).is_some(), "missing {k} in {r}");

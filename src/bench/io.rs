@@ -136,8 +136,13 @@ pub struct IoBenchRecord {
     pub depth: usize,
     /// Our median GiB/s over the rounds.
     pub gib_s: f64,
-    /// fio's median GiB/s over the rounds (None without fio).
+    /// fio's median GiB/s over the rounds (None without fio), each round
+    /// timed as ours are: its bytes over the span from its first I/O's
+    /// issue to its last completion (from fio's latency log).
     pub fio_gib_s: Option<f64>,
+    /// fio's own median figure (its bytes over the longest job's runtime,
+    /// which leaves out how much later some jobs start than others).
+    pub fio_own_gib_s: Option<f64>,
     /// `gib_s / fio_gib_s`: the ratio of the medians (None without fio).
     pub ratio: Option<f64>,
     /// Our rounds: median, min and max GiB/s.
@@ -320,7 +325,20 @@ fn run_ours(
     Ok(gib_s(moved, start.elapsed().as_secs_f64()))
 }
 
-/// One fio run with the same engine, pattern, size and file. Returns GiB/s.
+/// What one fio run measured, in GiB/s.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct FioRun {
+    /// fio's own figure: the bytes over the longest job's runtime.
+    pub own: f64,
+    /// The bytes over the span from the first I/O's issue to the last
+    /// completion, from fio's per-I/O latency log: the clock our runs are
+    /// timed on. `None` unless asked for.
+    pub span: Option<f64>,
+}
+
+/// One fio run with the same engine, pattern, size and file. With `span`,
+/// fio also logs each I/O's completion time and latency (in files beside
+/// `path`, removed afterwards) and [`FioRun::span`] is measured.
 pub(crate) fn run_fio(
     kind: IoEngineKind,
     path: &Path,
@@ -328,7 +346,8 @@ pub(crate) fn run_fio(
     block: usize,
     depth: usize,
     file_bytes: u64,
-) -> Result<f64, IoBenchError> {
+    span: bool,
+) -> Result<FioRun, IoBenchError> {
     // fio reuses an existing file: make it 0600 first (fio would use 0644).
     {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -367,9 +386,16 @@ pub(crate) fn run_fio(
                 .arg(format!("--size={file_bytes}"));
         }
     }
-    let out = cmd
-        .output()
-        .map_err(|e| IoBenchError::Fio(format!("cannot run fio: {e}")))?;
+    let log_prefix = path.with_file_name("fio-lat");
+    if span {
+        // One line per I/O: completion time (Unix ms), latency (ns), ...
+        cmd.arg(format!("--write_lat_log={}", log_prefix.display()))
+            .arg("--log_unix_epoch=1");
+    }
+    let out = cmd.output();
+    // Read (and removed) whether or not fio succeeded.
+    let logs = span.then(|| lat_logs(&log_prefix));
+    let out = out.map_err(|e| IoBenchError::Fio(format!("cannot run fio: {e}")))?;
     if !out.status.success() {
         return Err(IoBenchError::Fio(
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -384,7 +410,76 @@ pub(crate) fn run_fio(
     let bw = v["jobs"][0][dir]["bw_bytes"]
         .as_f64()
         .ok_or_else(|| IoBenchError::Fio(format!("no jobs[0].{dir}.bw_bytes")))?;
-    Ok(bw / (1u64 << 30) as f64)
+    let io_bytes = v["jobs"][0][dir]["io_bytes"]
+        .as_f64()
+        .ok_or_else(|| IoBenchError::Fio(format!("no jobs[0].{dir}.io_bytes")))?;
+    let span = match logs {
+        Some(logs) => Some(gib_s(io_bytes as u64, span_secs(&logs?)?)),
+        None => None,
+    };
+    Ok(FioRun {
+        own: bw / (1u64 << 30) as f64,
+        span,
+    })
+}
+
+/// Reads and removes the total-latency logs fio wrote under `prefix`
+/// (one per job: `<prefix>_lat.<job>.log`); the other logs of the same
+/// option (`_clat`, `_slat`) are removed unread.
+fn lat_logs(prefix: &Path) -> Result<Vec<String>, IoBenchError> {
+    let dir = prefix.parent().unwrap_or(Path::new("."));
+    let stem = prefix
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let entries = std::fs::read_dir(dir).map_err(|source| IoBenchError::Setup {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut texts = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(&stem) else {
+            continue;
+        };
+        if rest.starts_with("_lat.") && rest.ends_with(".log") {
+            let text = std::fs::read_to_string(e.path());
+            let _ = std::fs::remove_file(e.path());
+            texts.push(text.map_err(|source| IoBenchError::Setup {
+                path: e.path(),
+                source,
+            })?);
+        } else if rest.starts_with('_') && rest.ends_with(".log") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    Ok(texts)
+}
+
+/// Seconds from the first I/O's issue to the last one's completion in
+/// fio latency logs: each line is `time_ms, latency_ns, ...`, logged at
+/// completion, so the I/O was issued `latency` before `time`.
+fn span_secs(logs: &[String]) -> Result<f64, IoBenchError> {
+    let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
+    for line in logs.iter().flat_map(|t| t.lines()) {
+        let mut f = line.split(',').map(str::trim);
+        let (Some(t), Some(lat)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let (Ok(t), Ok(lat)) = (t.parse::<f64>(), lat.parse::<f64>()) else {
+            return Err(IoBenchError::Fio(format!(
+                "unreadable latency log line {line:?}"
+            )));
+        };
+        let done = t / 1e3;
+        first = first.min(done - lat / 1e9);
+        last = last.max(done);
+    }
+    if last > first {
+        Ok(last - first)
+    } else {
+        Err(IoBenchError::Fio("fio wrote no latency log".into()))
+    }
 }
 
 /// Runs every case. `progress` gets a line per case as it finishes.
@@ -451,6 +546,7 @@ fn run_in(
                 for &block in &cfg.blocks {
                     let mut ours = Vec::new();
                     let mut theirs = Vec::new();
+                    let mut theirs_own = Vec::new();
                     for rep in 0..cfg.reps {
                         let seed = 0x5eed ^ rep as u64;
                         let mine = || {
@@ -469,14 +565,10 @@ fn run_in(
                             ours.push(mine()?);
                         }
                         if fio {
-                            theirs.push(run_fio(
-                                kind,
-                                path,
-                                pattern,
-                                block,
-                                depth,
-                                cfg.file_bytes,
-                            )?);
+                            let r =
+                                run_fio(kind, path, pattern, block, depth, cfg.file_bytes, true)?;
+                            theirs.push(r.span.unwrap_or(r.own));
+                            theirs_own.push(r.own);
                         }
                         if rep % 2 == 1 {
                             ours.push(mine()?);
@@ -486,6 +578,7 @@ fn run_in(
                     // extremes beside them.
                     let ours = Spread::of(&ours);
                     let theirs = fio.then(|| Spread::of(&theirs));
+                    let own = fio.then(|| Spread::of(&theirs_own).median);
                     let g = ours.median;
                     let f = theirs.map(|t| t.median);
                     let rec = IoBenchRecord {
@@ -495,6 +588,7 @@ fn run_in(
                         depth,
                         gib_s: round_to(g, 3),
                         fio_gib_s: f.map(|x| round_to(x, 3)),
+                        fio_own_gib_s: own.map(|x| round_to(x, 3)),
                         ratio: f.filter(|&f| f > 0.0).map(|f| round_to(g / f, 3)),
                         spread: ours.rounded(3),
                         fio_spread: theirs.map(|t| t.rounded(3)),
@@ -509,8 +603,9 @@ fn run_in(
                         depth,
                         ours.text(3),
                         theirs.map_or("n/a".to_string(), |t| format!(
-                            "{} GiB/s (ratio of medians {:.2})",
+                            "{} GiB/s, its own figure {:.3} (ratio of medians {:.2})",
                             t.text(3),
+                            own.unwrap_or(f64::NAN),
                             g / t.median.max(1e-9)
                         ))
                     ));
@@ -536,6 +631,78 @@ mod tests {
             v.sort();
             assert_eq!(v, (0..100).map(|i| i * 8192).collect::<Vec<u64>>());
         }
+    }
+
+    #[test]
+    fn the_span_runs_from_the_first_issue_to_the_last_completion() {
+        // Two jobs' logs: completion time (ms), latency (ns), direction,
+        // block size, offset. The first I/O was issued at 95 ms (done at
+        // 100 ms after 5 ms), the last done at 120 ms.
+        let logs = vec![
+            "100, 5000000, 1, 2097152, 0\n110, 2000000, 1, 2097152, 2097152\n".to_string(),
+            "104, 3000000, 1, 2097152, 4194304\n120, 1000000, 1, 2097152, 6291456\n".to_string(),
+        ];
+        let s = span_secs(&logs).unwrap();
+        assert!((s - 0.025).abs() < 1e-9, "{s}");
+        assert!(matches!(
+            span_secs(&[String::new()]),
+            Err(IoBenchError::Fio(_))
+        ));
+        assert!(matches!(
+            span_secs(&["12, x, 1\n".to_string()]),
+            Err(IoBenchError::Fio(_))
+        ));
+    }
+
+    #[test]
+    fn latency_logs_are_read_and_every_log_of_the_run_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("fio-lat");
+        for (name, text) in [
+            ("fio-lat_lat.1.log", "10, 1000000, 1, 4096, 0\n"),
+            ("fio-lat_lat.2.log", "12, 1000000, 1, 4096, 4096\n"),
+            ("fio-lat_clat.1.log", "junk"),
+            ("fio-lat_slat.1.log", "junk"),
+            ("bench.dat", "kept"),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let mut logs = lat_logs(&prefix).unwrap();
+        logs.sort();
+        assert_eq!(
+            logs,
+            ["10, 1000000, 1, 4096, 0\n", "12, 1000000, 1, 4096, 4096\n"]
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["bench.dat"]);
+    }
+
+    #[test]
+    fn fio_is_timed_on_the_span_beside_its_own_figure() {
+        if !fio_available() {
+            eprintln!("skipped: fio is not installed");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bench.dat");
+        lay_out(&path, 8 << 20).unwrap();
+        let r = run_fio(
+            IoEngineKind::Posix,
+            &path,
+            Pattern::SeqRead,
+            1 << 20,
+            4,
+            8 << 20,
+            true,
+        )
+        .unwrap();
+        assert!(r.own > 0.0);
+        assert!(r.span.is_some_and(|s| s > 0.0), "{r:?}");
+        let left = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(left, 1, "fio's logs were left behind");
     }
 
     #[test]

@@ -421,14 +421,19 @@ fn run_size(
         if !fio {
             return Ok(None);
         }
-        Ok(Some(run_fio(
-            IoEngineKind::IoUring,
-            &fio_file,
-            pattern,
-            shard_bytes,
-            32,
-            bytes as u64,
-        )?))
+        // fio's own figure: one job, so its runtime is its span.
+        Ok(Some(
+            run_fio(
+                IoEngineKind::IoUring,
+                &fio_file,
+                pattern,
+                shard_bytes,
+                32,
+                bytes as u64,
+                false,
+            )?
+            .own,
+        ))
     };
     let (mut dump, mut load_cold, mut warm, mut layerwise, mut memcpy) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
