@@ -567,7 +567,12 @@ fn run_in(
                         if fio {
                             let r =
                                 run_fio(kind, path, pattern, block, depth, cfg.file_bytes, true)?;
-                            theirs.push(r.span.unwrap_or(r.own));
+                            // Never fio's own figure in its place: the
+                            // two sides must share one clock.
+                            theirs.push(
+                                r.span
+                                    .ok_or_else(|| IoBenchError::Fio("no span measured".into()))?,
+                            );
                             theirs_own.push(r.own);
                         }
                         if rep % 2 == 1 {
