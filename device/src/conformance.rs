@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::accel::{CopyRun, Device, MemKind, Memory};
 use crate::error::{DeviceError, Result};
@@ -64,6 +64,7 @@ pub fn run_all<D: Device>(dev: &D) -> Result<()> {
     scatter_gather(dev)?;
     wait_event_does_not_block_host(dev)?;
     errors_surface_from_stream(dev)?;
+    a_panicking_host_fn_fails_its_stream(dev)?;
     invalid_arguments_are_errors(dev)?;
     Ok(())
 }
@@ -369,6 +370,36 @@ pub fn errors_surface_from_stream<D: Device>(dev: &D) -> Result<()> {
     dev.record_event(&e2, &c)?;
     dev.synchronize_event(&e2)?;
     Ok(())
+}
+
+/// A host function that panics is an error of its stream's work (sticky,
+/// as [`errors_surface_from_stream`]), never a stream left hung: an event
+/// recorded after it completes with an error within seconds, and a fresh
+/// stream is unaffected.
+pub fn a_panicking_host_fn_fails_its_stream<D: Device>(dev: &D) -> Result<()> {
+    let s = dev.create_stream()?;
+    dev.launch_host_fn(&s, Box::new(|| panic!("injected panic in a host function")))?;
+    let ev = dev.create_event()?;
+    dev.record_event(&ev, &s)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match dev.query_event(&ev) {
+            Err(_) => break,
+            Ok(true) => return Err(fail("an event after a panicking host function succeeded")),
+            Ok(false) if Instant::now() > deadline => {
+                return Err(fail("a panicking host function left its stream hung"))
+            }
+            Ok(false) => thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    if dev.synchronize_stream(&s).is_ok() {
+        return Err(fail(
+            "sync after a panicking host function reported success",
+        ));
+    }
+    let fresh = dev.create_stream()?;
+    dev.launch_host_fn(&fresh, Box::new(|| Ok(())))?;
+    dev.synchronize_stream(&fresh)
 }
 
 /// Bad arguments are errors before anything is queued.

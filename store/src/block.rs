@@ -90,6 +90,8 @@ struct TaskState {
     shard_left: HashMap<u32, usize>,
     /// Parts whose copies are still running.
     parts_left: usize,
+    /// Per part: whether its copies have been reported done.
+    parts_copied: Vec<bool>,
     /// Dump parts whose write-behind is still running.
     durable_left: usize,
     /// Durability reported so far, by part index.
@@ -105,11 +107,57 @@ impl TaskState {
             .map(|parts| parts.values().flatten().cloned().collect())
             .unwrap_or_default()
     }
+
+    fn shard_reported(&self, index: usize, shard: u32) -> bool {
+        self.shards_done
+            .get(&shard)
+            .is_some_and(|parts| parts.contains_key(&index))
+    }
+
+    fn report_shard(&mut self, index: usize, shard: u32, outcomes: Vec<(BlockId, ItemOutcome)>) {
+        self.shards_done
+            .entry(shard)
+            .or_default()
+            .insert(index, outcomes);
+        if let Some(left) = self.shard_left.get_mut(&shard) {
+            *left = left.saturating_sub(1);
+        }
+    }
+
+    fn report_done(&mut self, index: usize) {
+        match self.parts_copied.get_mut(index) {
+            Some(true) => return,
+            Some(copied) => *copied = true,
+            None => {}
+        }
+        self.parts_left = self.parts_left.saturating_sub(1);
+        self.done = self.parts_left == 0;
+    }
+
+    fn durable_reported(&self, index: usize) -> bool {
+        self.durable.is_some() || self.durable_parts.contains_key(&index)
+    }
+
+    fn report_durable(&mut self, index: usize, durable: Vec<(BlockId, Durability)>) {
+        self.durable_parts.insert(index, durable);
+        self.durable_left = self.durable_left.saturating_sub(1);
+        if self.durable_left == 0 {
+            self.durable = Some(
+                std::mem::take(&mut self.durable_parts)
+                    .into_values()
+                    .flatten()
+                    .collect(),
+            );
+        }
+    }
 }
 
 struct TaskShared {
     state: Mutex<TaskState>,
     cv: Condvar,
+    /// Per part: its items' `(block, shard)`, in order, so that a part
+    /// whose worker panicked can still be reported (as failed).
+    part_items: Vec<Vec<(BlockId, u32)>>,
 }
 
 /// One part of a task, as a worker reports it.
@@ -121,37 +169,56 @@ struct Part<'a> {
 impl Part<'_> {
     /// The part's items of `shard` completed with `outcomes`.
     fn shard(&self, shard: u32, outcomes: Vec<(BlockId, ItemOutcome)>) {
-        self.shared.update(|st| {
-            st.shards_done
-                .entry(shard)
-                .or_default()
-                .insert(self.index, outcomes);
-            if let Some(left) = st.shard_left.get_mut(&shard) {
-                *left = left.saturating_sub(1);
-            }
-        });
+        self.shared
+            .update(|st| st.report_shard(self.index, shard, outcomes));
     }
 
     /// Every copy of the part completed.
     fn done(&self) {
-        self.shared.update(|st| {
-            st.parts_left = st.parts_left.saturating_sub(1);
-            st.done = st.parts_left == 0;
-        });
+        self.shared.update(|st| st.report_done(self.index));
     }
 
     /// The part's write-behind ended with `durable`.
     fn durable(&self, durable: Vec<(BlockId, Durability)>) {
+        self.shared
+            .update(|st| st.report_durable(self.index, durable));
+    }
+
+    /// The part's worker panicked: everything the part has not reported
+    /// yet is reported failed with `why` (its shards' items, its copies'
+    /// end, and for a dump its blocks' durability), so that no waiter of
+    /// the task is left hanging and nothing unfinished counts as done.
+    fn abort(&self, why: &Failure, dump: bool) {
+        let items = self
+            .shared
+            .part_items
+            .get(self.index)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         self.shared.update(|st| {
-            st.durable_parts.insert(self.index, durable);
-            st.durable_left = st.durable_left.saturating_sub(1);
-            if st.durable_left == 0 {
-                st.durable = Some(
-                    std::mem::take(&mut st.durable_parts)
-                        .into_values()
-                        .flatten()
-                        .collect(),
-                );
+            let mut pending: BTreeMap<u32, Vec<(BlockId, ItemOutcome)>> = BTreeMap::new();
+            let mut blocks: Vec<BlockId> = Vec::new();
+            for &(block, shard) in items {
+                if !blocks.contains(&block) {
+                    blocks.push(block);
+                }
+                if !st.shard_reported(self.index, shard) {
+                    pending
+                        .entry(shard)
+                        .or_default()
+                        .push((block, ItemOutcome::Failed(why.clone())));
+                }
+            }
+            for (shard, outcomes) in pending {
+                st.report_shard(self.index, shard, outcomes);
+            }
+            st.report_done(self.index);
+            if dump && !st.durable_reported(self.index) {
+                let failed = blocks
+                    .into_iter()
+                    .map(|b| (b, Durability::Failed(why.clone())))
+                    .collect();
+                st.report_durable(self.index, failed);
             }
         });
     }
@@ -172,6 +239,17 @@ impl TaskShared {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
     }
+}
+
+/// A panic's message, cut to a line's length (the payload of `panic!` is a
+/// `&str` or a `String`; anything else is named only).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    text.chars().take(200).collect()
 }
 
 /// How long an idle store worker polls its queue before it sleeps.
@@ -271,6 +349,9 @@ pub struct BlockStoreStats {
     pub write_failures: AtomicU64,
     /// Shards handed over by [`TieredBlockStore::donate`] (no copy).
     pub donated: AtomicU64,
+    /// Jobs whose worker panicked (a bug): their unfinished items were
+    /// reported failed ([`FailureKind::Internal`]) and the worker went on.
+    pub worker_panics: AtomicU64,
 }
 
 /// A pool slot leased for a zero-copy hand-over: the caller fills it in
@@ -523,17 +604,7 @@ impl<D: Device> TieredBlockStore<D> {
                         // core to this worker.
                         ucm_device::io::background_worker_thread();
                         while let Some(job) = next_job(&rx) {
-                            match job {
-                                Job::Load(items, t, index) => {
-                                    let part = Part { shared: &t, index };
-                                    inner.run_load(&stream, items, &part)
-                                }
-                                Job::Dump(items, after, t, index) => {
-                                    let part = Part { shared: &t, index };
-                                    inner.run_dump(&stream, items, after.as_deref(), &part)
-                                }
-                                Job::Prefetch(ids) => inner.run_prefetch(&ids),
-                            }
+                            inner.run_job(&stream, job);
                         }
                     })
                     .map_err(StoreError::fs("spawn store worker", "<thread>"))?,
@@ -670,9 +741,11 @@ impl<D: Device> TieredBlockStore<D> {
         let parts = self.split(items);
         let mut st = TaskState {
             parts_left: parts.len(),
+            parts_copied: vec![false; parts.len()],
             durable_left: parts.len(),
             ..TaskState::default()
         };
+        let mut part_items = Vec::with_capacity(parts.len());
         for p in &parts {
             let mut mine: Vec<u32> = p.iter().map(|i| i.shard).collect();
             mine.sort_unstable();
@@ -680,10 +753,12 @@ impl<D: Device> TieredBlockStore<D> {
             for s in mine {
                 *st.shard_left.entry(s).or_default() += 1;
             }
+            part_items.push(p.iter().map(|i| (i.block, i.shard)).collect());
         }
         let shared = Arc::new(TaskShared {
             state: Mutex::new(st),
             cv: Condvar::new(),
+            part_items,
         });
         let tx = self.tx.as_ref().ok_or(StoreError::QueueFull)?;
         // All parts or none: room is checked under the submit lock (only
@@ -965,6 +1040,43 @@ impl<D: Device> Inner<D> {
                 }
             }
             drop(self.fill_from_disk(&mut session, shard, loads));
+        }
+    }
+
+    /// Runs one job. A panic inside it (a bug in the store or a device
+    /// binding) is caught: the job's task is finished as failed
+    /// ([`Part::abort`]) and the worker lives on. Without this, every
+    /// waiter of the task would block for good and the worker would be
+    /// lost. Unwinding is safe here: the task and failure state sit behind
+    /// poison-tolerant mutexes, and a pool slot's load guard publishes its
+    /// slot as failed when it is dropped mid-load.
+    fn run_job(&self, stream: &D::Stream, job: Job<D>) {
+        let owner = match &job {
+            Job::Load(_, t, index) => Some((Arc::clone(t), *index, false)),
+            Job::Dump(_, _, t, index) => Some((Arc::clone(t), *index, true)),
+            Job::Prefetch(_) => None,
+        };
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job {
+            Job::Load(items, t, index) => {
+                let part = Part { shared: &t, index };
+                self.run_load(stream, items, &part)
+            }
+            Job::Dump(items, after, t, index) => {
+                let part = Part { shared: &t, index };
+                self.run_dump(stream, items, after.as_deref(), &part)
+            }
+            Job::Prefetch(ids) => self.run_prefetch(&ids),
+        }));
+        let Err(payload) = ran else { return };
+        self.stats.worker_panics.fetch_add(1, Ordering::Relaxed);
+        let what = panic_text(payload.as_ref());
+        let why = Failure::new(
+            FailureKind::Internal,
+            format!("a store worker panicked: {what}"),
+        );
+        log::error!("{why}; the task is reported failed and the worker goes on");
+        if let Some((t, index, dump)) = owner {
+            Part { shared: &t, index }.abort(&why, dump);
         }
     }
 

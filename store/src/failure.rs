@@ -37,6 +37,10 @@ pub enum FailureKind {
     NotSubmitted,
     /// The remote tier's servers failed, refused or did not answer in time.
     Remote,
+    /// The store itself failed: a worker panicked while it ran the item (a
+    /// bug in the store or in a device binding). The item is reported
+    /// failed, never done; the worker goes on with the next task.
+    Internal,
 }
 
 impl FailureKind {

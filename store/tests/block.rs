@@ -659,3 +659,92 @@ fn gc_under_concurrent_loads_corrupts_no_load() {
         }
     });
 }
+
+/// `f` on another thread, or a failed test after `secs`: a task whose
+/// waiters would block for good must fail here, not hang the run.
+fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no answer in {secs} s (a hung task)"))
+}
+
+#[test]
+fn a_panicking_worker_fails_its_task_and_goes_on() {
+    use ucm_store::FailureKind;
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    // One worker: whatever runs after the panic ran on the same thread.
+    let one = BlockStoreConfig {
+        workers: 1,
+        ..BlockStoreConfig::default()
+    };
+    let st = Arc::new(store(&dev, dir.path(), GEO, 256, one.clone()));
+    let blocks = [1, 2];
+    let src = device_kv(&dev, GEO, &blocks);
+    let internal =
+        |f: &ucm_store::Failure| f.kind == FailureKind::Internal && f.detail.contains("panic");
+    let panics = |st: &TieredBlockStore<HostDevice>| {
+        st.stats()
+            .worker_panics
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+
+    // A panic in the write-behind (at the block file's first write): the
+    // copies into the pool were reported, the durability is a failure of
+    // the store's own, and nothing hangs.
+    {
+        let _p = faults::inject(FaultRule::panic(dir.path().join("tmp"), FaultOp::Write).times(1));
+        let t = st
+            .dump(items_of(GEO, &blocks, &[1], &src, 0..4), None)
+            .unwrap();
+        let (outs, durable) = within(20, "dump", move || (t.wait(), t.wait_durable()));
+        assert!(all_ok(&outs), "{outs:?}");
+        match &durable[..] {
+            [(b, Durability::Failed(why))] => {
+                assert_eq!(*b, id(1));
+                assert!(internal(why), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(panics(&st), 1);
+    }
+    // The same worker dumps the next block durably.
+    let t = st
+        .dump(items_of(GEO, &blocks, &[2], &src, 0..4), None)
+        .unwrap();
+    assert_eq!(
+        within(20, "second dump", move || t.wait_durable()),
+        [(id(2), Durability::Durable)]
+    );
+
+    // A fresh store over the same directory; a panic while it reads block
+    // 2's file: every item of the load is failed (none is reported done),
+    // per-shard waiters are answered too, and the next load works.
+    drop(st);
+    let st = Arc::new(store(&dev, dir.path(), GEO, 256, one));
+    let dst = dev.alloc_device(4 * 4096).unwrap();
+    let path2 = st.disk().unwrap().path_of(&id(2));
+    {
+        let _p = faults::inject(FaultRule::panic(&path2, FaultOp::Read).times(1));
+        let t = st.load(items(GEO, &[2], &dst, 0..4)).unwrap();
+        let t2 = t.clone();
+        let (outs, shard3) = within(20, "load", move || (t.wait(), t2.wait_shard(3)));
+        assert_eq!(outs.len(), 4, "{outs:?}");
+        assert!(
+            outs.iter()
+                .all(|(b, _, o)| *b == id(2) && matches!(o, ItemOutcome::Failed(f) if internal(f))),
+            "{outs:?}"
+        );
+        assert!(
+            matches!(&shard3[..], [(_, ItemOutcome::Failed(_))]),
+            "{shard3:?}"
+        );
+        assert_eq!(panics(&st), 1);
+    }
+    let t = st.load(items(GEO, &[2], &dst, 0..4)).unwrap();
+    assert!(all_ok(&within(20, "second load", move || t.wait())));
+    check_kv(&dev, GEO, &[2], &dst);
+}

@@ -323,7 +323,22 @@ impl StreamShared {
                 Ok(())
             }
             Op::HostFn(f) => match poisoned {
-                None => f(),
+                // A panicking host function is an error of the stream's
+                // work like any other (sticky), never a dead stream whose
+                // waiters block for good.
+                None => {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .copied()
+                            .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+                            .unwrap_or("no message");
+                        Err(DeviceError::Stream(format!(
+                            "host function panicked: {}",
+                            what.chars().take(200).collect::<String>()
+                        )))
+                    })
+                }
                 Some(_) => Ok(()),
             },
             Op::Record(event, epoch) => {

@@ -40,6 +40,10 @@ pub enum FaultAction {
     Errno(i32),
     /// Transfer only this many bytes (a short read or write), for real.
     Short(usize),
+    /// Panic in the thread that issues the operation, before it is done:
+    /// stands for a bug anywhere below the caller (a device binding, a
+    /// store invariant), so that tests can check what survives one.
+    Panic,
 }
 
 /// Decision for one operation.
@@ -96,6 +100,18 @@ mod enabled {
                 op,
                 offset: None,
                 action: FaultAction::Short(bytes),
+                times: None,
+            }
+        }
+
+        /// A rule that makes `op` on `path` (and below) panic in the
+        /// issuing thread.
+        pub fn panic(path: impl Into<PathBuf>, op: FaultOp) -> Self {
+            FaultRule {
+                path: path.into(),
+                op,
+                offset: None,
+                action: FaultAction::Panic,
                 times: None,
             }
         }
@@ -172,10 +188,16 @@ mod enabled {
                 e.fired.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
-            return Some(match r.action {
-                FaultAction::Errno(x) => Injected::Errno(x),
-                FaultAction::Short(x) => Injected::Short(x),
-            });
+            let action = r.action;
+            return match action {
+                FaultAction::Errno(x) => Some(Injected::Errno(x)),
+                FaultAction::Short(x) => Some(Injected::Short(x)),
+                FaultAction::Panic => {
+                    // Not while holding the rules: other tests go on.
+                    drop(rules);
+                    panic!("injected panic: {op:?} on {}", path.display())
+                }
+            };
         }
         None
     }

@@ -240,14 +240,18 @@ impl IoFile {
                     Ok(fd)
                 }
                 Err(libc::EINVAL) => {
-                    if !FALLBACK_LOGGED.swap(true, Ordering::Relaxed) {
+                    // EINVAL may have another cause than O_DIRECT (the
+                    // same open fails again then): say "refused" only when
+                    // the open without it works.
+                    let buffered = open_raw(&path, flags);
+                    if buffered.is_ok() && !FALLBACK_LOGGED.swap(true, Ordering::Relaxed) {
                         log::warn!(
                             "O_DIRECT refused for {}; falling back to buffered I/O \
                              (logged once per process)",
                             path.display()
                         );
                     }
-                    open_raw(&path, flags)
+                    buffered
                 }
                 Err(e) => Err(e),
             }
