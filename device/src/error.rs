@@ -171,3 +171,14 @@ impl Clone for DeviceError {
 
 /// Result alias of the `device` crate.
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// The message of a caught panic (`panic!` carries a `&str` or a
+/// `String`), cut to 200 characters, for an error that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    text.chars().take(200).collect()
+}

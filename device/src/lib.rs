@@ -27,7 +27,7 @@ pub use accel::host::HostDevice;
 pub use accel::{
     probe_devices, BackendStatus, CopyKind, CopyRun, Device, DeviceId, MemKind, Memory,
 };
-pub use error::{DeviceError, Result};
+pub use error::{panic_message, DeviceError, Result};
 pub use io::{
     IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, IoTicket, OpenOptions,
 };

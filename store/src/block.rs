@@ -241,17 +241,6 @@ impl TaskShared {
     }
 }
 
-/// A panic's message, cut to a line's length (the payload of `panic!` is a
-/// `&str` or a `String`; anything else is named only).
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    let text = payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message");
-    text.chars().take(200).collect()
-}
-
 /// How long an idle store worker polls its queue before it sleeps.
 const WORKER_POLL: std::time::Duration = std::time::Duration::from_micros(100);
 
@@ -1069,7 +1058,7 @@ impl<D: Device> Inner<D> {
         }));
         let Err(payload) = ran else { return };
         self.stats.worker_panics.fetch_add(1, Ordering::Relaxed);
-        let what = panic_text(payload.as_ref());
+        let what = ucm_device::panic_message(payload.as_ref());
         let why = Failure::new(
             FailureKind::Internal,
             format!("a store worker panicked: {what}"),

@@ -328,14 +328,9 @@ impl StreamShared {
                 // waiters block for good.
                 None => {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .copied()
-                            .or_else(|| p.downcast_ref::<String>().map(String::as_str))
-                            .unwrap_or("no message");
                         Err(DeviceError::Stream(format!(
                             "host function panicked: {}",
-                            what.chars().take(200).collect::<String>()
+                            crate::error::panic_message(p.as_ref())
                         )))
                     })
                 }

@@ -234,6 +234,12 @@ pub(crate) unsafe extern "C" fn host_trampoline(args: *mut c_void) {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => state.fail(at, e),
-        Err(_) => state.fail(at, DeviceError::Stream("host function panicked".into())),
+        Err(p) => state.fail(
+            at,
+            DeviceError::Stream(format!(
+                "host function panicked: {}",
+                crate::error::panic_message(p.as_ref())
+            )),
+        ),
     }
 }
