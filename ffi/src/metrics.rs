@@ -230,7 +230,7 @@ impl Metrics {
             "Requests with a failed save.",
             self.failed_saves.load(Relaxed),
         );
-        let per_group: [StoreCounter; 7] = [
+        let per_group: [StoreCounter; 8] = [
             (
                 "ucm_pool_read_bytes_total",
                 "Bytes loaded from the memory pool.",
@@ -263,6 +263,11 @@ impl Metrics {
                 "ucm_evictions_total",
                 "Block files deleted by the disk tier's GC.",
                 |c| c.disk_evictions,
+            ),
+            (
+                "ucm_store_worker_panics_total",
+                "Store jobs whose worker panicked (a bug); their items failed.",
+                |c| c.worker_panics,
             ),
         ];
         for (name, help, f) in per_group {
@@ -303,5 +308,41 @@ mod tests {
         assert!(s.contains("x_bucket{le=\"5\"} 2"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 3"), "{s}");
         assert!(s.contains("x_count 3"), "{s}");
+    }
+
+    #[test]
+    fn store_counters_are_rendered_per_group() {
+        let spec = SpecTable::from_toml(
+            r#"
+model = "m"
+num_layers = 1
+[[group]]
+name = "attn"
+kind = "chain"
+block_size = 4
+layers = "0"
+bytes_per_token = 64
+"#,
+        )
+        .unwrap();
+        let c = GroupCounters {
+            shard_bytes: 4096,
+            disk_reads: 3,
+            worker_panics: 2,
+            ..GroupCounters::default()
+        };
+        let s = Metrics::new(&spec).render(&[("attn".into(), c)]);
+        assert!(
+            s.contains("ucm_disk_read_bytes_total{group=\"attn\"} 12288"),
+            "{s}"
+        );
+        assert!(
+            s.contains("# TYPE ucm_store_worker_panics_total counter"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ucm_store_worker_panics_total{group=\"attn\"} 2"),
+            "{s}"
+        );
     }
 }

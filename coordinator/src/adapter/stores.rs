@@ -125,6 +125,9 @@ pub struct GroupCounters {
     pub disk_evictions: u64,
     /// Shards that failed their checksum.
     pub corrupt_shards: u64,
+    /// Store jobs whose worker panicked (a bug): their unfinished items
+    /// were reported failed.
+    pub worker_panics: u64,
 }
 
 /// A group's namespace on the remote tier: its name, characters outside
@@ -332,6 +335,7 @@ impl<D: Device> StoreSet<D> {
             write_failures: st.write_failures.load(Relaxed),
             disk_evictions,
             corrupt_shards,
+            worker_panics: st.worker_panics.load(Relaxed),
         })
     }
 
