@@ -84,6 +84,25 @@ pub struct DiskConfig {
     /// `blocks/` once durable) where the file system has them; false, or a
     /// file system that refuses them: named files in `tmp/`, renamed.
     pub unnamed_tmp: bool,
+    /// How a batch of block writes is made durable.
+    pub sync: SyncMode,
+}
+
+/// How the disk tier makes a batch of block writes durable. Either way a
+/// block is reported written only once its data and its name are durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncMode {
+    /// One `syncfs` per batch (instead of an fsync per file and per
+    /// directory) where it stands for them: ext4, XFS, btrfs or tmpfs on
+    /// Linux 5.8 or later ([`IoDir::syncfs_reports_all`]); elsewhere
+    /// [`SyncMode::Files`]. A `syncfs` also writes back whatever other
+    /// programs left dirty on the same file system, so a store that shares
+    /// a busy file system may prefer `Files`.
+    #[default]
+    Auto,
+    /// An fsync of every block file, and of every directory that got a new
+    /// entry.
+    Files,
 }
 
 impl DiskConfig {
@@ -98,6 +117,7 @@ impl DiskConfig {
             gc_every: (capacity_blocks / 16).clamp(1, 65_536),
             gc_lease: Duration::from_secs(60),
             unnamed_tmp: true,
+            sync: SyncMode::Auto,
         }
     }
 }
@@ -113,6 +133,8 @@ pub struct DiskStats {
     pub corrupt_shards: AtomicU64,
     /// Block files deleted by GC.
     pub gc_deleted: AtomicU64,
+    /// `syncfs` calls that made batches of writes durable ([`SyncMode`]).
+    pub fs_syncs: AtomicU64,
 }
 
 /// What one GC pass did.
@@ -147,6 +169,10 @@ pub struct DiskTier {
     /// Blocks are written to unnamed files (`O_TMPFILE`) until the file
     /// system refuses one; then to named temporary files.
     unnamed: std::sync::atomic::AtomicBool,
+    /// `tmp/`, held open for one `syncfs` per batch when the tier makes
+    /// its writes durable that way ([`SyncMode`]); `None`: an fsync per
+    /// file and directory.
+    fs_sync: Option<IoDir>,
 }
 
 /// Lookups of at least this many unknown ids stat them on two threads.
@@ -180,6 +206,15 @@ struct Writing {
 struct Renamed {
     pending: Vec<Pending>,
     dirs: Vec<PathBuf>,
+}
+
+/// A block's error when the `syncfs` meant to make it durable failed.
+fn syncfs_error(dir: &IoDir, errno: i32) -> StoreError {
+    StoreError::Device(ucm_device::DeviceError::os(
+        "syncfs",
+        Some(dir.path().to_path_buf()),
+        errno,
+    ))
 }
 
 /// Adds `d` to the directories a batch fsyncs, once.
@@ -279,7 +314,21 @@ impl DiskTier {
         }
         let header_bytes =
             header::header_len(cfg.geometry).div_ceil(DIRECT_IO_ALIGN) * DIRECT_IO_ALIGN;
+        let fs_sync = match cfg.sync {
+            SyncMode::Files => None,
+            SyncMode::Auto => IoDir::open(&tmp).ok().filter(IoDir::syncfs_reports_all),
+        };
+        log::debug!(
+            "disk tier {}: writes made durable by {}",
+            cfg.dir.display(),
+            if fs_sync.is_some() {
+                "one syncfs per batch"
+            } else {
+                "an fsync per file and directory"
+            }
+        );
         Ok(DiskTier {
+            fs_sync,
             unnamed: std::sync::atomic::AtomicBool::new(cfg.unnamed_tmp),
             cfg,
             engine,
@@ -296,6 +345,12 @@ impl DiskTier {
     /// The geometry.
     pub fn geometry(&self) -> Geometry {
         self.cfg.geometry
+    }
+
+    /// True when batches of writes are made durable by one `syncfs` each
+    /// rather than an fsync per file and directory ([`SyncMode`]).
+    pub fn syncs_filesystem(&self) -> bool {
+        self.fs_sync.is_some()
     }
 
     /// Counters.
@@ -492,7 +547,7 @@ impl DiskTier {
             (current, ahead) = (ahead, after);
         }
         if let Some(r) = renamed {
-            out.extend(self.publish(r));
+            out.extend(self.publish(r, None));
         }
         out
     }
@@ -628,6 +683,28 @@ impl DiskTier {
                 pending[i].err.get_or_insert(e.into());
             }
         }
+        if let Some(dir) = &self.fs_sync {
+            // One syncfs: this batch's files, and the names the batch
+            // before was given (linked before this call), are durable
+            // once it returns.
+            let wanted = pending.iter().any(|p| p.err.is_none())
+                || before
+                    .as_ref()
+                    .is_some_and(|r| r.pending.iter().any(|p| p.err.is_none()));
+            let synced = if wanted { self.sync_fs(dir) } else { Ok(()) };
+            if let Err(errno) = synced {
+                for p in pending.iter_mut().filter(|p| p.err.is_none()) {
+                    p.err = Some(syncfs_error(dir, errno));
+                }
+            }
+            let done = before
+                .map(|r| self.publish(r, Some(synced)))
+                .unwrap_or_default();
+            for p in pending.iter_mut().filter(|p| p.tmp.is_some()) {
+                p.file = None;
+            }
+            return (pending, done);
+        }
         let syncs: Vec<(usize, IoRequest)> = pending
             .iter()
             .enumerate()
@@ -640,7 +717,7 @@ impl DiskTier {
             .collect();
         let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = syncs.into_iter().unzip();
         let tickets = self.engine.submit(reqs);
-        let done = before.map(|r| self.publish(r)).unwrap_or_default();
+        let done = before.map(|r| self.publish(r, None)).unwrap_or_default();
         for (t, i) in tickets.into_iter().zip(idx) {
             if let Err(e) = t.wait_blocking().result {
                 pending[i].err.get_or_insert(e.into());
@@ -651,6 +728,14 @@ impl DiskTier {
             p.file = None;
         }
         (pending, done)
+    }
+
+    /// One `syncfs` through `dir`, counted: `Err(errno)` when it failed
+    /// (EIO where the error carries none).
+    fn sync_fs(&self, dir: &IoDir) -> std::result::Result<(), i32> {
+        self.stats.fs_syncs.fetch_add(1, Ordering::Relaxed);
+        dir.sync_filesystem()
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
     }
 
     /// Names a synced batch's files in `blocks/` (making the fan-out
@@ -676,9 +761,28 @@ impl DiskTier {
     /// Makes a renamed batch durable (one fsync per directory it touched)
     /// and reports each block: written, or failed with its error (its
     /// temporary file removed).
-    fn publish(&self, r: Renamed) -> Vec<(BlockId, Result<()>)> {
+    /// `covered`: the outcome of a `syncfs` made after the batch's names
+    /// were given (by the next batch's [`DiskTier::sync`]), which stands
+    /// for its directories' fsyncs; `None`: this call makes them durable
+    /// itself (a `syncfs`, or an fsync per directory).
+    fn publish(
+        &self,
+        r: Renamed,
+        covered: Option<std::result::Result<(), i32>>,
+    ) -> Vec<(BlockId, Result<()>)> {
         let Renamed { mut pending, dirs } = r;
-        for d in &dirs {
+        let synced = match (covered, &self.fs_sync) {
+            (Some(synced), _) => Some(synced),
+            (None, Some(dir)) if pending.iter().any(|p| p.err.is_none()) => Some(self.sync_fs(dir)),
+            (None, Some(_)) => Some(Ok(())),
+            (None, None) => None,
+        };
+        if let (Some(Err(errno)), Some(dir)) = (synced, &self.fs_sync) {
+            for p in pending.iter_mut().filter(|p| p.err.is_none()) {
+                p.err = Some(syncfs_error(dir, errno));
+            }
+        }
+        for d in dirs.iter().filter(|_| synced.is_none()) {
             if let Err(e) = paths::sync_dir(d) {
                 // The files are complete and valid; their durability is not
                 // (a directory above theirs holds a new fan-out entry).
@@ -1230,14 +1334,17 @@ mod tests {
                 .build()
                 .unwrap(),
         );
-        let t = DiskTier::open(DiskConfig::new(dir.path(), g, 100), engine).unwrap();
+        // The directories a batch fsyncs itself (a `syncfs` covers them all).
+        let mut cfg = DiskConfig::new(dir.path(), g, 100);
+        cfg.sync = SyncMode::Files;
+        let t = DiskTier::open(cfg, engine).unwrap();
         let dirs_of = |id: BlockId| {
             let shards = (0..2).map(|_| IoBuf::new(4096)).collect();
             let (synced, done) = t.sync(t.start_writes(vec![(id, shards)]), None);
             assert!(done.is_empty());
             let r = t.rename(synced);
             let dirs = r.dirs.clone();
-            assert!(t.publish(r).iter().all(|(_, r)| r.is_ok()));
+            assert!(t.publish(r, None).iter().all(|(_, r)| r.is_ok()));
             dirs
         };
         let blocks = dir.path().join("blocks");

@@ -38,7 +38,7 @@ pub use block::{
     BlockStore, BlockStoreConfig, Durability, ItemOutcome, Lease, TaskHandle, TaskItem,
     TieredBlockStore,
 };
-pub use disk::{DiskConfig, DiskTier, GcReport, ReadSession};
+pub use disk::{DiskConfig, DiskTier, GcReport, ReadSession, SyncMode};
 pub use error::{Result, StoreError};
 pub use failure::{Failure, FailureKind};
 pub use geometry::{BlockId, Geometry};

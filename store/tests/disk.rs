@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 
 use ucm_device::conformance::pattern;
 use ucm_device::io::faults::{self, FaultOp, FaultRule};
+use ucm_device::io::IoDir;
 use ucm_device::{IoBuf, IoEngine, IoEngineConfig, IoEngineKind};
-use ucm_store::{BlockId, DiskConfig, DiskTier, Geometry, StoreError};
+use ucm_store::{BlockId, DiskConfig, DiskTier, Geometry, StoreError, SyncMode};
 
 const GEO: Geometry = Geometry {
     shard_bytes: 4096,
@@ -46,9 +47,29 @@ fn open(dir: &Path, g: Geometry, capacity: u64) -> DiskTier {
 
 /// A tier writing unnamed temporary files (`O_TMPFILE`) or named ones.
 fn open_with(dir: &Path, g: Geometry, capacity: u64, unnamed: bool) -> DiskTier {
+    open_sync(dir, g, capacity, unnamed, SyncMode::Auto)
+}
+
+/// As [`open_with`], making its writes durable as `sync` says.
+fn open_sync(dir: &Path, g: Geometry, capacity: u64, unnamed: bool, sync: SyncMode) -> DiskTier {
     let mut cfg = DiskConfig::new(dir, g, capacity);
     cfg.unnamed_tmp = unnamed;
+    cfg.sync = sync;
     DiskTier::open(cfg, engine()).unwrap()
+}
+
+/// Whether `SyncMode::Auto` gives one `syncfs` per batch in `dir`'s store
+/// (ext4, XFS, btrfs or tmpfs on Linux 5.8+); says so when it does not.
+fn fs_sync_here(dir: &Path) -> bool {
+    fs::create_dir_all(dir.join("tmp")).unwrap();
+    let yes = IoDir::open(dir.join("tmp")).unwrap().syncfs_reports_all();
+    if !yes {
+        eprintln!(
+            "syncfs is not trusted on {}: Auto is Files here",
+            dir.display()
+        );
+    }
+    yes
 }
 
 /// The bytes of every shard of block `n`, read from its file.
@@ -152,19 +173,25 @@ fn five_hundred_twelve_blocks_of_thirty_two_shards_read_back_exactly() {
 fn write_blocks_over_many_batches_reports_every_block_in_order() {
     // Unnamed temporary files (the default) and named ones (the fallback
     // where a file system has no O_TMPFILE).
+    // Either way of making them durable: one syncfs per batch, or an
+    // fsync per file and directory.
     for unnamed in [true, false] {
-        many_batches(unnamed);
+        for sync in [SyncMode::Auto, SyncMode::Files] {
+            many_batches(unnamed, sync);
+        }
     }
 }
 
-fn many_batches(unnamed: bool) {
+fn many_batches(unnamed: bool, sync: SyncMode) {
     // Five full batches and a partial one go through the overlapped
     // pipeline (fsync, naming and directory fsync of different batches at
     // once); one block of the third batch is refused.
     let n = 5 * ucm_store::disk::WRITE_BATCH_BLOCKS as u64 + 7;
     let bad = 2 * ucm_store::disk::WRITE_BATCH_BLOCKS as u64 + 5;
     let dir = tempfile::tempdir().unwrap();
-    let t = open_with(dir.path(), GEO, 10_000, unnamed);
+    let fs_sync = sync == SyncMode::Auto && fs_sync_here(dir.path());
+    let t = open_sync(dir.path(), GEO, 10_000, unnamed, sync);
+    assert_eq!(t.syncs_filesystem(), fs_sync);
     let blocks = (0..n)
         .map(|b| {
             let mut s = shards(GEO, b);
@@ -185,10 +212,83 @@ fn many_batches(unnamed: bool) {
         assert_eq!(r.is_ok(), b != bad, "block {b}: {r:?}");
     }
     assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    // One syncfs per batch, and one more for the last batch's names.
+    let syncs = t
+        .stats()
+        .fs_syncs
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(syncs, if fs_sync { 6 + 1 } else { 0 }, "{sync:?}");
     drop(t);
     let t = open(dir.path(), GEO, 10_000);
     let found: Vec<u64> = (0..n).filter(|&b| check_block(&t, GEO, b)).collect();
     assert_eq!(found, (0..n).filter(|&b| b != bad).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_failed_syncfs_fails_its_whole_batch_and_names_none_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    if !fs_sync_here(dir.path()) {
+        return;
+    }
+    let per = ucm_store::disk::WRITE_BATCH_BLOCKS as u64;
+    let n = 2 * per + 3;
+    let t = open(dir.path(), GEO, 10_000);
+    assert!(t.syncs_filesystem());
+    let blocks = |r: std::ops::Range<u64>| r.map(|b| (id(b), shards(GEO, b))).collect();
+    // The first syncfs (the first batch's files) fails with EIO: that
+    // batch is refused, none of its files gets a name; the others are
+    // written.
+    let out = {
+        let _eio = faults::inject(
+            FaultRule::errno(dir.path().join("tmp"), FaultOp::Fsync, libc::EIO).times(1),
+        );
+        t.write_blocks(blocks(0..n))
+    };
+    for (b, (_, r)) in (0..n).zip(&out) {
+        if b < per {
+            assert!(
+                matches!(r, Err(StoreError::Device(e)) if e.raw_os_error() == Some(libc::EIO)),
+                "block {b}: {r:?}"
+            );
+            assert!(!t.exists(&id(b)), "block {b} is named");
+        } else {
+            assert!(r.is_ok(), "block {b}: {r:?}");
+            assert!(check_block(&t, GEO, b), "block {b}");
+        }
+    }
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    // One batch whose second syncfs (the one after its names were given)
+    // fails with ENOSPC: every block of it is reported failed, though its
+    // files are complete and named (a later lookup may find them: whole
+    // blocks, never torn ones).
+    let last = 3 * per..3 * per + 2;
+    let out = {
+        let _nospc = faults::inject(
+            FaultRule::errno(dir.path().join("tmp"), FaultOp::Fsync, libc::ENOSPC)
+                .after(1)
+                .times(1),
+        );
+        t.write_blocks(blocks(last.clone()))
+    };
+    for (b, (_, r)) in last.clone().zip(&out) {
+        assert!(
+            matches!(r, Err(StoreError::Device(e)) if e.raw_os_error() == Some(libc::ENOSPC)),
+            "block {b}: {r:?}"
+        );
+    }
+    assert!(last.clone().all(|b| check_block(&t, GEO, b)));
+    // An empty call syncs nothing.
+    let syncs = t
+        .stats()
+        .fs_syncs
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(t.write_blocks(Vec::new()).is_empty());
+    assert_eq!(
+        t.stats()
+            .fs_syncs
+            .load(std::sync::atomic::Ordering::Relaxed),
+        syncs
+    );
 }
 
 #[test]

@@ -84,11 +84,104 @@ impl IoDir {
             len: st.st_size as u64,
         })
     }
+
+    /// `syncfs(2)` on the file system holding this directory: returns once
+    /// everything written to that file system before the call is durable
+    /// (file data, and metadata such as new names), as if every file on it
+    /// had been fsynced. Whether an error of any of it is reported depends
+    /// on the kernel and the file system: see
+    /// [`IoDir::syncfs_reports_all`]. Fail points treat it as an
+    /// [`FaultOp::Fsync`](crate::io::faults::FaultOp::Fsync) of this
+    /// directory.
+    pub fn sync_filesystem(&self) -> Result<()> {
+        if let Some(errno) =
+            crate::io::faults::check_errno(crate::io::faults::FaultOp::Fsync, &self.path, 0)
+        {
+            return Err(DeviceError::os("syncfs", Some(self.path.clone()), errno));
+        }
+        // SAFETY: the descriptor is open for the lifetime of `self`.
+        let rc = unsafe { libc::syncfs(self.fd.as_raw_fd()) };
+        if rc != 0 {
+            return Err(DeviceError::Io {
+                op: "syncfs",
+                path: Some(self.path.clone()),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether [`IoDir::sync_filesystem`] can stand in for an fsync of each
+    /// file: the file system is one whose `syncfs` commits everything
+    /// written before it and reports its errors (ext4, XFS, btrfs; tmpfs,
+    /// which has nothing to commit), on a kernel of 5.8 or later (before
+    /// it, `syncfs` reported no write-back error at all). False where
+    /// either cannot be told: a network, FUSE or cluster file system may
+    /// implement `syncfs` as a no-op.
+    pub fn syncfs_reports_all(&self) -> bool {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        kernel_at_least(&kernel, (5, 8))
+            && fs_magic(self.fd.as_raw_fd()).is_some_and(|m| SYNCFS_FILE_SYSTEMS.contains(&m))
+    }
+}
+
+/// `f_type`s (linux/magic.h) whose `syncfs` stands for an fsync of every
+/// file: ext4 (also ext2/3), XFS, btrfs, tmpfs.
+const SYNCFS_FILE_SYSTEMS: [libc::c_long; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
+
+/// The `f_type` of the file system holding `fd` (`None` if `fstatfs` fails).
+fn fs_magic(fd: std::os::unix::io::RawFd) -> Option<libc::c_long> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `fd` is an open descriptor and `st` a writable `statfs` the
+    // call fills in completely when it returns 0 (only then is it read).
+    let rc = unsafe { libc::fstatfs(fd, st.as_mut_ptr()) };
+    // SAFETY: fstatfs returned 0, so it initialised `st`.
+    (rc == 0).then(|| unsafe { st.assume_init() }.f_type as libc::c_long)
+}
+
+/// True when a kernel release string (`6.1.0-18-amd64`) is `min` or later;
+/// false when it cannot be read.
+fn kernel_at_least(release: &str, min: (u32, u32)) -> bool {
+    let mut parts = release.trim().split(['.', '-']);
+    let mut num = || parts.next().and_then(|p| p.parse::<u32>().ok());
+    match (num(), num()) {
+        (Some(major), Some(minor)) => (major, minor) >= min,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_releases_are_compared_by_major_and_minor() {
+        assert!(kernel_at_least("5.8.0", (5, 8)));
+        assert!(kernel_at_least("6.18.44-fc-v1147\n", (5, 8)));
+        assert!(kernel_at_least("5.10-rc1", (5, 8)));
+        assert!(!kernel_at_least("5.7.19", (5, 8)));
+        assert!(!kernel_at_least("4.19.0-27-amd64", (5, 8)));
+        // 5.10 is after 5.8 (numbers, not strings).
+        assert!(kernel_at_least("5.10.0", (5, 9)));
+        assert!(!kernel_at_least("", (5, 8)));
+        assert!(!kernel_at_least("linux", (5, 8)));
+    }
+
+    #[test]
+    fn syncfs_is_trusted_on_local_file_systems_and_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = IoDir::open(d.path()).unwrap();
+        dir.sync_filesystem().unwrap();
+        let magic = fs_magic(dir.fd.as_raw_fd()).unwrap();
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        assert_eq!(
+            dir.syncfs_reports_all(),
+            SYNCFS_FILE_SYSTEMS.contains(&magic) && kernel_at_least(&kernel, (5, 8)),
+            "f_type {magic:#x}, kernel {kernel}"
+        );
+        // /proc is none of them.
+        assert!(!IoDir::open("/proc").unwrap().syncfs_reports_all());
+    }
 
     #[test]
     fn entries_beneath_a_directory_are_seen_without_following_links() {

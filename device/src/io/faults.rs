@@ -79,6 +79,8 @@ mod enabled {
         pub action: FaultAction,
         /// Fire at most this many times (unbounded when `None`).
         pub times: Option<usize>,
+        /// Let this many matching operations pass before the first firing.
+        pub skip: usize,
     }
 
     impl FaultRule {
@@ -90,6 +92,7 @@ mod enabled {
                 offset: None,
                 action: FaultAction::Errno(errno),
                 times: None,
+                skip: 0,
             }
         }
 
@@ -101,6 +104,7 @@ mod enabled {
                 offset: None,
                 action: FaultAction::Short(bytes),
                 times: None,
+                skip: 0,
             }
         }
 
@@ -113,12 +117,19 @@ mod enabled {
                 offset: None,
                 action: FaultAction::Panic,
                 times: None,
+                skip: 0,
             }
         }
 
         /// Restricts the rule to the operation at (or covering) `offset`.
         pub fn at_offset(mut self, offset: u64) -> Self {
             self.offset = Some(offset);
+            self
+        }
+
+        /// Lets the first `n` matching operations pass untouched.
+        pub fn after(mut self, n: usize) -> Self {
+            self.skip = n;
             self
         }
 
@@ -133,6 +144,8 @@ mod enabled {
         id: u64,
         rule: FaultRule,
         fired: Arc<AtomicUsize>,
+        /// Matching operations let pass so far (up to `rule.skip`).
+        passed: AtomicUsize,
     }
 
     static RULES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -167,6 +180,7 @@ mod enabled {
             id,
             rule,
             fired: Arc::clone(&fired),
+            passed: AtomicUsize::new(0),
         });
         FaultGuard { id, fired }
     }
@@ -181,6 +195,10 @@ mod enabled {
             }
             let covers = |o: u64| o == offset || (o > offset && o - offset < len);
             if r.offset.is_some_and(|o| !covers(o)) {
+                continue;
+            }
+            if e.passed.load(Ordering::SeqCst) < r.skip {
+                e.passed.fetch_add(1, Ordering::SeqCst);
                 continue;
             }
             let n = e.fired.fetch_add(1, Ordering::SeqCst);
