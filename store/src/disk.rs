@@ -758,10 +758,9 @@ impl DiskTier {
         Renamed { pending, dirs }
     }
 
-    /// Makes a renamed batch durable (one fsync per directory it touched)
-    /// and reports each block: written, or failed with its error (its
-    /// temporary file removed).
-    /// `covered`: the outcome of a `syncfs` made after the batch's names
+    /// Makes a renamed batch's names durable (one fsync per directory it
+    /// touched, or a `syncfs`) and reports each block: written, or failed
+    /// with its error (its temporary file removed). `covered`: the outcome of a `syncfs` made after the batch's names
     /// were given (by the next batch's [`DiskTier::sync`]), which stands
     /// for its directories' fsyncs; `None`: this call makes them durable
     /// itself (a `syncfs`, or an fsync per directory).
