@@ -127,10 +127,13 @@ impl IoDir {
 
 /// `f_type`s (linux/magic.h) whose `syncfs` stands for an fsync of every
 /// file: ext4 (also ext2/3), XFS, btrfs, tmpfs.
-const SYNCFS_FILE_SYSTEMS: [libc::c_long; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994];
+const SYNCFS_FILE_SYSTEMS: [libc::c_long; 4] = [0xEF53, 0x5846_5342, 0x9123_683E, TMPFS_MAGIC];
+
+/// tmpfs's `f_type` (linux/magic.h).
+pub(crate) const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
 
 /// The `f_type` of the file system holding `fd` (`None` if `fstatfs` fails).
-fn fs_magic(fd: std::os::unix::io::RawFd) -> Option<libc::c_long> {
+pub(crate) fn fs_magic(fd: std::os::unix::io::RawFd) -> Option<libc::c_long> {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: `fd` is an open descriptor and `st` a writable `statfs` the
     // call fills in completely when it returns 0 (only then is it read).
@@ -165,6 +168,24 @@ mod tests {
         assert!(kernel_at_least("5.10.0", (5, 9)));
         assert!(!kernel_at_least("", (5, 8)));
         assert!(!kernel_at_least("linux", (5, 8)));
+    }
+
+    #[test]
+    fn tmpfs_is_told_by_its_f_type() {
+        // What /proc/mounts says of /dev/shm, against what fstatfs says.
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let shm_tmpfs = mounts.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(1) == Some(&"/dev/shm") && f.get(2) == Some(&"tmpfs")
+        });
+        if !shm_tmpfs {
+            eprintln!("/dev/shm is not a tmpfs here: nothing to compare");
+            return;
+        }
+        let shm = IoDir::open("/dev/shm").unwrap();
+        assert_eq!(fs_magic(shm.fd.as_raw_fd()), Some(TMPFS_MAGIC));
+        let proc = IoDir::open("/proc").unwrap();
+        assert_ne!(fs_magic(proc.fd.as_raw_fd()), Some(TMPFS_MAGIC));
     }
 
     #[test]

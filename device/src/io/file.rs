@@ -68,16 +68,9 @@ pub struct IoFile {
 
 static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
 
-/// tmpfs's `f_type` (linux/magic.h).
-const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
-
 /// True when `fd` lies on tmpfs (false when that cannot be told).
 fn on_tmpfs(fd: RawFd) -> bool {
-    // SAFETY: an all-zero `statfs` is a valid value to be overwritten.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is an open descriptor and `st` a valid out-pointer.
-    let rc = unsafe { libc::fstatfs(fd, &mut st) };
-    rc == 0 && st.f_type as libc::c_long == TMPFS_MAGIC
+    crate::io::dir::fs_magic(fd) == Some(crate::io::dir::TMPFS_MAGIC)
 }
 
 fn open_raw(path: &Path, flags: libc::c_int) -> std::result::Result<OwnedFd, i32> {
