@@ -155,9 +155,6 @@ impl TaskState {
 struct TaskShared {
     state: Mutex<TaskState>,
     cv: Condvar,
-    /// Per part: its items' `(block, shard)`, in order, so that a part
-    /// whose worker panicked can still be reported (as failed).
-    part_items: Vec<Vec<(BlockId, u32)>>,
 }
 
 /// One part of a task, as a worker reports it.
@@ -184,33 +181,28 @@ impl Part<'_> {
             .update(|st| st.report_durable(self.index, durable));
     }
 
-    /// The part's worker panicked: everything the part has not reported
-    /// yet is reported failed with `why` (its shards' items, its copies'
-    /// end, and for a dump its blocks' durability), so that no waiter of
-    /// the task is left hanging and nothing unfinished counts as done.
-    fn abort(&self, why: &Failure, dump: bool) {
-        let items = self
-            .shared
-            .part_items
-            .get(self.index)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+    /// Everything of the part (its items, `groups`) not reported yet is
+    /// reported failed with `why`: its shards' items, its copies' end, and
+    /// for a dump its blocks' durability. For a part that cannot run (its
+    /// prerequisite event failed) and one whose worker panicked midway, so
+    /// that no waiter of the task is left hanging and nothing unfinished
+    /// counts as done.
+    fn fail_rest(&self, groups: &[(u32, Vec<TaskItem>)], why: &Failure, dump: bool) {
         self.shared.update(|st| {
-            let mut pending: BTreeMap<u32, Vec<(BlockId, ItemOutcome)>> = BTreeMap::new();
             let mut blocks: Vec<BlockId> = Vec::new();
-            for &(block, shard) in items {
-                if !blocks.contains(&block) {
-                    blocks.push(block);
+            for (shard, group) in groups {
+                for it in group {
+                    if !blocks.contains(&it.block) {
+                        blocks.push(it.block);
+                    }
                 }
-                if !st.shard_reported(self.index, shard) {
-                    pending
-                        .entry(shard)
-                        .or_default()
-                        .push((block, ItemOutcome::Failed(why.clone())));
+                if !st.shard_reported(self.index, *shard) {
+                    let outcomes = group
+                        .iter()
+                        .map(|it| (it.block, ItemOutcome::Failed(why.clone())))
+                        .collect();
+                    st.report_shard(self.index, *shard, outcomes);
                 }
-            }
-            for (shard, outcomes) in pending {
-                st.report_shard(self.index, shard, outcomes);
             }
             st.report_done(self.index);
             if dump && !st.durable_reported(self.index) {
@@ -734,7 +726,6 @@ impl<D: Device> TieredBlockStore<D> {
             durable_left: parts.len(),
             ..TaskState::default()
         };
-        let mut part_items = Vec::with_capacity(parts.len());
         for p in &parts {
             let mut mine: Vec<u32> = p.iter().map(|i| i.shard).collect();
             mine.sort_unstable();
@@ -742,12 +733,10 @@ impl<D: Device> TieredBlockStore<D> {
             for s in mine {
                 *st.shard_left.entry(s).or_default() += 1;
             }
-            part_items.push(p.iter().map(|i| (i.block, i.shard)).collect());
         }
         let shared = Arc::new(TaskShared {
             state: Mutex::new(st),
             cv: Condvar::new(),
-            part_items,
         });
         let tx = self.tx.as_ref().ok_or(StoreError::QueueFull)?;
         // All parts or none: room is checked under the submit lock (only
@@ -1040,23 +1029,32 @@ impl<D: Device> Inner<D> {
     /// poison-tolerant mutexes, and a pool slot's load guard publishes its
     /// slot as failed when it is dropped mid-load.
     fn run_job(&self, stream: &D::Stream, job: Job<D>) {
-        let owner = match &job {
-            Job::Load(_, t, index) => Some((Arc::clone(t), *index, false)),
-            Job::Dump(_, _, t, index) => Some((Arc::clone(t), *index, true)),
-            Job::Prefetch(_) => None,
-        };
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job {
+        // The items are grouped by shard before the job runs, so that the
+        // groups outlive a panic inside it.
+        match job {
             Job::Load(items, t, index) => {
-                let part = Part { shared: &t, index };
-                self.run_load(stream, items, &part)
+                let (groups, part) = (self.by_shard(items), Part { shared: &t, index });
+                if let Some(why) = self.unwinding(|| self.run_load(stream, &groups, &part)) {
+                    part.fail_rest(&groups, &why, false);
+                }
             }
             Job::Dump(items, after, t, index) => {
-                let part = Part { shared: &t, index };
-                self.run_dump(stream, items, after.as_deref(), &part)
+                let (groups, part) = (self.by_shard(items), Part { shared: &t, index });
+                let run = || self.run_dump(stream, &groups, after.as_deref(), &part);
+                if let Some(why) = self.unwinding(run) {
+                    part.fail_rest(&groups, &why, true);
+                }
             }
-            Job::Prefetch(ids) => self.run_prefetch(&ids),
-        }));
-        let Err(payload) = ran else { return };
+            Job::Prefetch(ids) => {
+                self.unwinding(|| self.run_prefetch(&ids));
+            }
+        }
+    }
+
+    /// Runs `f`; a panic inside it is caught, counted and logged, and
+    /// returned as the failure its unfinished items are reported with.
+    fn unwinding(&self, f: impl FnOnce()) -> Option<Failure> {
+        let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).err()?;
         self.stats.worker_panics.fetch_add(1, Ordering::Relaxed);
         let what = ucm_device::panic_message(payload.as_ref());
         let why = Failure::new(
@@ -1064,16 +1062,14 @@ impl<D: Device> Inner<D> {
             format!("a store worker panicked: {what}"),
         );
         log::error!("{why}; the task is reported failed and the worker goes on");
-        if let Some((t, index, dump)) = owner {
-            Part { shared: &t, index }.abort(&why, dump);
-        }
+        Some(why)
     }
 
-    fn run_load(&self, stream: &D::Stream, items: Vec<TaskItem>, t: &Part<'_>) {
+    fn run_load(&self, stream: &D::Stream, groups: &[(u32, Vec<TaskItem>)], t: &Part<'_>) {
         let shard_bytes = self.geo.shard_bytes;
         // Each file is opened and its header read once per task part.
         let mut session = ReadSession::default();
-        for (shard, group) in self.by_shard(items) {
+        for &(shard, ref group) in groups {
             let mut pins: Vec<SlotRef<'_>> = Vec::new();
             let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
             let mut runs: Vec<(usize, usize)> = Vec::new(); // (item index, slot)
@@ -1160,7 +1156,7 @@ impl<D: Device> Inner<D> {
     fn run_dump(
         &self,
         stream: &D::Stream,
-        items: Vec<TaskItem>,
+        groups: &[(u32, Vec<TaskItem>)],
         after: Option<&D::Event>,
         t: &Part<'_>,
     ) {
@@ -1168,26 +1164,7 @@ impl<D: Device> Inner<D> {
         if let Some(ev) = after {
             if let Err(e) = self.dev.stream_wait_event(stream, ev) {
                 let why = Failure::from_device(&e, "waiting for the prerequisite event");
-                let mut blocks: Vec<BlockId> = Vec::new();
-                for (shard, group) in self.by_shard(items) {
-                    let outcomes = group
-                        .iter()
-                        .map(|it| {
-                            if !blocks.contains(&it.block) {
-                                blocks.push(it.block);
-                            }
-                            (it.block, ItemOutcome::Failed(why.clone()))
-                        })
-                        .collect();
-                    t.shard(shard, outcomes);
-                }
-                t.done();
-                t.durable(
-                    blocks
-                        .iter()
-                        .map(|b| (*b, Durability::Failed(why.clone())))
-                        .collect(),
-                );
+                t.fail_rest(groups, &why, true);
                 return;
             }
         }
@@ -1195,10 +1172,10 @@ impl<D: Device> Inner<D> {
         // Dumped shards stay pinned until the task's write-behind is done,
         // and dirty after that until their block is on disk.
         let mut dumped: Vec<SlotRef<'_>> = Vec::new();
-        for (shard, group) in self.by_shard(items) {
+        for &(shard, ref group) in groups {
             let mut guards = Vec::new();
             let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
-            for it in &group {
+            for it in group {
                 if !blocks.contains(&it.block) {
                     blocks.push(it.block);
                 }

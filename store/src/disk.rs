@@ -208,13 +208,16 @@ struct Renamed {
     dirs: Vec<PathBuf>,
 }
 
-/// A block's error when the `syncfs` meant to make it durable failed.
-fn syncfs_error(dir: &IoDir, errno: i32) -> StoreError {
-    StoreError::Device(ucm_device::DeviceError::os(
-        "syncfs",
-        Some(dir.path().to_path_buf()),
-        errno,
-    ))
+/// Fails each block of `pending` not failed yet: the `syncfs` through
+/// `dir` meant to make it durable failed with `errno`.
+fn fail_unsynced(pending: &mut [Pending], dir: &IoDir, errno: i32) {
+    for p in pending.iter_mut().filter(|p| p.err.is_none()) {
+        p.err = Some(StoreError::Device(ucm_device::DeviceError::os(
+            "syncfs",
+            Some(dir.path().to_path_buf()),
+            errno,
+        )));
+    }
 }
 
 /// Adds `d` to the directories a batch fsyncs, once.
@@ -683,28 +686,46 @@ impl DiskTier {
                 pending[i].err.get_or_insert(e.into());
             }
         }
-        if let Some(dir) = &self.fs_sync {
-            // One syncfs: this batch's files, and the names the batch
-            // before was given (linked before this call), are durable
-            // once it returns.
-            let wanted = pending.iter().any(|p| p.err.is_none())
-                || before
-                    .as_ref()
-                    .is_some_and(|r| r.pending.iter().any(|p| p.err.is_none()));
-            let synced = if wanted { self.sync_fs(dir) } else { Ok(()) };
-            if let Err(errno) = synced {
-                for p in pending.iter_mut().filter(|p| p.err.is_none()) {
-                    p.err = Some(syncfs_error(dir, errno));
-                }
-            }
-            let done = before
-                .map(|r| self.publish(r, Some(synced)))
-                .unwrap_or_default();
-            for p in pending.iter_mut().filter(|p| p.tmp.is_some()) {
-                p.file = None;
-            }
-            return (pending, done);
+        let done = match &self.fs_sync {
+            Some(dir) => self.sync_by_fs(dir, &mut pending, before),
+            None => self.sync_by_files(&mut pending, before),
+        };
+        // Named files are closed; unnamed ones stay open until linked.
+        for p in pending.iter_mut().filter(|p| p.tmp.is_some()) {
+            p.file = None;
         }
+        (pending, done)
+    }
+
+    /// One syncfs: this batch's files, and the names the batch before was
+    /// given (linked before this call), are durable once it returns; then
+    /// the batch before is reported.
+    fn sync_by_fs(
+        &self,
+        dir: &IoDir,
+        pending: &mut [Pending],
+        before: Option<Renamed>,
+    ) -> Vec<(BlockId, Result<()>)> {
+        let wanted = pending.iter().any(|p| p.err.is_none())
+            || before
+                .as_ref()
+                .is_some_and(|r| r.pending.iter().any(|p| p.err.is_none()));
+        let synced = if wanted { self.sync_fs(dir) } else { Ok(()) };
+        if let Err(errno) = synced {
+            fail_unsynced(pending, dir, errno);
+        }
+        before
+            .map(|r| self.publish(r, Some(synced)))
+            .unwrap_or_default()
+    }
+
+    /// An fsync of each of this batch's files, with the batch before's
+    /// directory fsyncs (and its report) while they are in flight.
+    fn sync_by_files(
+        &self,
+        pending: &mut [Pending],
+        before: Option<Renamed>,
+    ) -> Vec<(BlockId, Result<()>)> {
         let syncs: Vec<(usize, IoRequest)> = pending
             .iter()
             .enumerate()
@@ -723,11 +744,7 @@ impl DiskTier {
                 pending[i].err.get_or_insert(e.into());
             }
         }
-        // Named files are closed; unnamed ones stay open until linked.
-        for p in pending.iter_mut().filter(|p| p.tmp.is_some()) {
-            p.file = None;
-        }
-        (pending, done)
+        done
     }
 
     /// One `syncfs` through `dir`, counted: `Err(errno)` when it failed
@@ -777,9 +794,7 @@ impl DiskTier {
             (None, None) => None,
         };
         if let (Some(Err(errno)), Some(dir)) = (synced, &self.fs_sync) {
-            for p in pending.iter_mut().filter(|p| p.err.is_none()) {
-                p.err = Some(syncfs_error(dir, errno));
-            }
+            fail_unsynced(&mut pending, dir, errno);
         }
         for d in dirs.iter().filter(|_| synced.is_none()) {
             if let Err(e) = paths::sync_dir(d) {

@@ -145,7 +145,7 @@ mod enabled {
         rule: FaultRule,
         fired: Arc<AtomicUsize>,
         /// Matching operations let pass so far (up to `rule.skip`).
-        passed: AtomicUsize,
+        passed: usize,
     }
 
     static RULES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -180,15 +180,15 @@ mod enabled {
             id,
             rule,
             fired: Arc::clone(&fired),
-            passed: AtomicUsize::new(0),
+            passed: 0,
         });
         FaultGuard { id, fired }
     }
 
     pub(crate) fn check(op: FaultOp, path: &Path, offset: u64, len: u64) -> Option<Injected> {
-        let rules = RULES.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rules = RULES.lock().unwrap_or_else(|e| e.into_inner());
         // The newest matching rule wins, so a test can narrow an older one.
-        for e in rules.iter().rev() {
+        for e in rules.iter_mut().rev() {
             let r = &e.rule;
             if r.op != op || !path.starts_with(&r.path) {
                 continue;
@@ -197,8 +197,8 @@ mod enabled {
             if r.offset.is_some_and(|o| !covers(o)) {
                 continue;
             }
-            if e.passed.load(Ordering::SeqCst) < r.skip {
-                e.passed.fetch_add(1, Ordering::SeqCst);
+            if e.passed < r.skip {
+                e.passed += 1;
                 continue;
             }
             let n = e.fired.fetch_add(1, Ordering::SeqCst);
