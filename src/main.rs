@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use ucm::bench::io::{self as iobench, IoBenchConfig, Pattern};
 use ucm::device::IoEngineKind;
+use ucm::store::SyncMode;
 
 /// UCM: a KV-cache storage engine for hybrid LLMs.
 #[derive(Parser)]
@@ -138,6 +139,11 @@ struct ReplayArgs {
     /// tiers (diskless nodes).
     #[arg(long)]
     no_disk: bool,
+    /// How the disk tiers make saves durable: `auto` (one syncfs per batch
+    /// where the file system allows) or `files` (an fsync per file and
+    /// directory; workload replays).
+    #[arg(long, default_value = "auto")]
+    sync_mode: SyncMode,
     /// Run N engine instances (processes with their own pools, schedulers
     /// and checkpoint directories) over one shared configuration: one store
     /// directory, or with `--remote` own disks and one cluster; `ucm` mode
@@ -316,6 +322,11 @@ struct StoreArgs {
     /// The store's I/O engine: auto, io_uring, libaio or posix.
     #[arg(long, default_value = "auto")]
     engine: IoEngineKind,
+    /// How the disk tier makes dumps durable: `auto` (one syncfs per batch
+    /// where the file system allows) or `files` (an fsync per file and
+    /// directory).
+    #[arg(long, default_value = "auto")]
+    sync_mode: SyncMode,
     /// Measure the tiers below the disk instead: a Redis or Valkey cluster
     /// (`redis://host:port,...`) ...
     #[arg(long)]
@@ -538,6 +549,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         remote: a.remote.clone(),
         cold: a.cold.clone(),
         no_disk: a.no_disk,
+        sync: a.sync_mode,
         instance: None,
     };
     if let (Some(index), Some(count), Some(dir)) = (a.instance, a.instance_count, &a.instance_dir) {
@@ -759,9 +771,10 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     use ucm::replay::sim::{self, report, SimConfig, SimMode};
     use ucm::replay::trace;
     let file = a.trace.clone().unwrap_or_default();
-    if a.remote.is_some() || a.cold.is_some() || a.no_disk {
+    if a.remote.is_some() || a.cold.is_some() || a.no_disk || a.sync_mode != SyncMode::Auto {
         return Err(
-            "--remote, --cold and --no-disk apply to workload replays, not to --trace".into(),
+            "--remote, --cold, --no-disk and --sync-mode apply to workload replays, not to --trace"
+                .into(),
         );
     }
     if a.instances != 1 {
@@ -1073,6 +1086,7 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         lookups: 10_000,
         reps: a.reps,
         engine: a.engine,
+        sync: a.sync_mode,
     };
     let tiers: Vec<String> = a.remote.iter().chain(&a.cold).cloned().collect();
     let records = if tiers.is_empty() {

@@ -1,4 +1,5 @@
-//! End-to-end checks of the `ucm` binary: `info --json` and `bench io --json`.
+//! End-to-end checks of the `ucm` binary: `info --json`, `bench io --json`,
+//! `bench device` and `bench store --sync-mode`.
 
 use std::process::{Command, Output};
 
@@ -220,4 +221,40 @@ fn bench_device_on_cuda_without_a_driver_says_why() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("libcuda"));
+}
+
+/// `bench store --sync-mode`: `files` makes each dump durable with fsyncs
+/// only (no `syncfs`), `auto` with one `syncfs` per batch where the file
+/// system's `syncfs` stands for them; the record says which. A bad mode is
+/// refused.
+#[test]
+fn bench_store_dumps_in_the_sync_mode_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let by_fs = ucm::device::io::IoDir::open(dir.path())
+        .unwrap()
+        .syncfs_reports_all();
+    for mode in ["files", "auto"] {
+        let out = run_ok(
+            ucm()
+                .args(["bench", "store", "--json", "--size", "4M"])
+                .args(["--shard-sizes", "64K", "--reps", "1", "--no-fio"])
+                .args(["--sync-mode", mode, "--dir"])
+                .arg(dir.path()),
+        );
+        let recs = json_lines(&out);
+        let dump = recs
+            .iter()
+            .find(|r| r["path"] == "dump_cold")
+            .expect("a dump_cold record");
+        assert_eq!(dump["sync_mode"], mode);
+        let syncs = dump["fs_syncs"].as_u64().expect("fs_syncs");
+        assert_eq!(syncs > 0, mode == "auto" && by_fs, "{mode}: {syncs}");
+    }
+    let out = ucm()
+        .args(["bench", "store", "--sync-mode", "fsync", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected auto or files"));
 }

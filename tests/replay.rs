@@ -68,6 +68,36 @@ fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
     assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
 }
 
+/// `--sync-mode files`: every save made durable by fsyncs alone still
+/// serves the second turns, with no wrong hit.
+#[test]
+fn a_replay_whose_disk_tiers_fsync_each_file_serves_the_same_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ucm()
+        .args([
+            "replay",
+            "--modes",
+            "ucm",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+        ])
+        .args(["--sync-mode", "files", "--json", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = &v["modes"]["ucm"];
+    assert_eq!(m["wrong_hits"], 0);
+    assert!(m["cached_tokens"].as_u64().unwrap() > 0, "{m}");
+}
+
 #[test]
 fn bad_replay_options_are_errors() {
     let mut cases = vec![
@@ -79,6 +109,16 @@ fn bad_replay_options_are_errors() {
         (vec!["--tp", "100000"], "--tp = 100000 exceeds 64"),
         (vec!["--compute-us-per-token", "NaN"], "not a finite"),
         (vec!["--compute-us-per-token", "inf"], "not a finite"),
+        (vec!["--sync-mode", "fsync"], "expected auto or files"),
+        (
+            vec![
+                "--trace",
+                "../shared/data/mooncake/synthetic_trace.jsonl",
+                "--sync-mode",
+                "files",
+            ],
+            "--sync-mode apply to workload replays",
+        ),
     ];
     if !cfg!(feature = "failpoints") {
         // A binary built without fail points refuses faults up front.

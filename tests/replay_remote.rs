@@ -55,7 +55,7 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("--remote, --cold and --no-disk apply to workload replays"));
+        .contains("--remote, --cold, --no-disk and --sync-mode apply to workload replays"));
 }
 
 /// `ucm replay --instances 2 --json` with `args` (the tiers), in a fresh

@@ -82,6 +82,22 @@
 #define UCM_FINISHED_LOADED 2
 
 /**
+ * `ucm_options_t::sync_mode`: one `syncfs` per batch of block writes
+ * where the file system's `syncfs` stands for an fsync of each file
+ * (ext4, XFS, btrfs, tmpfs on Linux 5.8+), else an fsync per file and
+ * directory. The default.
+ */
+#define UCM_SYNC_AUTO 0
+
+/**
+ * `ucm_options_t::sync_mode`: an fsync per block file and per directory
+ * that got a new entry, never a `syncfs` (for a store on a busy shared
+ * file system, where a `syncfs` would also write back what other
+ * programs left dirty).
+ */
+#define UCM_SYNC_FILES 1
+
+/**
  * One model's cache: its stores, checkpoint directory and metrics.
  */
 typedef struct ucm_cache_t ucm_cache_t;
@@ -149,6 +165,11 @@ typedef struct ucm_options_t {
    * Blocks on disk per group before GC (0: 2^20).
    */
   uint64_t disk_blocks;
+  /**
+   * How the disk tiers make writes durable: `UCM_SYNC_AUTO` (0) or
+   * `UCM_SYNC_FILES`; any other value is `UCM_ERR_INVALID`.
+   */
+  uint32_t sync_mode;
 } ucm_options_t;
 
 /**

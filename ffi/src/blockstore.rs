@@ -19,7 +19,7 @@ use ucm_coordinator::store::device::{IoEngineConfig, IoEngineKind};
 use ucm_coordinator::store::pool::PoolMode;
 use ucm_coordinator::store::{
     BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry,
-    ItemOutcome, PoolConfig, TaskHandle, TaskItem, TieredBlockStore,
+    ItemOutcome, PoolConfig, SyncMode, TaskHandle, TaskItem, TieredBlockStore,
 };
 use ucm_device::{Device, HostDevice};
 
@@ -41,6 +41,8 @@ pub struct RawStoreOptions {
     pub workers: usize,
     /// Whose memory the addresses are.
     pub backend: Backend,
+    /// How the disk tier makes writes durable.
+    pub sync: SyncMode,
 }
 
 impl RawStoreOptions {
@@ -54,6 +56,7 @@ impl RawStoreOptions {
             disk_blocks: 1 << 20,
             workers: 2,
             backend: Backend::Host,
+            sync: SyncMode::Auto,
         }
     }
 }
@@ -167,7 +170,9 @@ fn open_on<D: Device>(dev: &Arc<D>, opts: &RawStoreOptions) -> Result<TieredBloc
             .build()
             .map_err(ucm_coordinator::store::StoreError::from)?,
     );
-    let disk = DiskTier::open(DiskConfig::new(&opts.dir, geo, opts.disk_blocks), engine)?;
+    let mut dcfg = DiskConfig::new(&opts.dir, geo, opts.disk_blocks);
+    dcfg.sync = opts.sync;
+    let disk = DiskTier::open(dcfg, engine)?;
     let cfg = BlockStoreConfig {
         workers: opts.workers.max(1),
         ..BlockStoreConfig::default()
@@ -247,8 +252,9 @@ impl RawStore {
     }
 
     /// Counters: shards from the pool, shards read from disk, misses,
-    /// failed items, blocks written, blocks whose write failed.
-    pub fn counters(&self) -> [u64; 6] {
+    /// failed items, blocks written, blocks whose write failed, `syncfs`
+    /// calls that made batches of writes durable.
+    pub fn counters(&self) -> [u64; 7] {
         use std::sync::atomic::Ordering::Relaxed;
         each!(&self.blocks, _d, s => {
             let st = s.stats();
@@ -259,6 +265,7 @@ impl RawStore {
                 st.failed_items.load(Relaxed),
                 st.blocks_written.load(Relaxed),
                 st.write_failures.load(Relaxed),
+                s.disk().map_or(0, |d| d.stats().fs_syncs.load(Relaxed)),
             ]
         })
     }

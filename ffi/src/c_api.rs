@@ -24,6 +24,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use ucm_coordinator::adapter::{Allocation, Finished, LoadCause, LoadError, Scheduled};
+use ucm_coordinator::store::SyncMode;
 use ucm_coordinator::{RequestKeys, SpecTable};
 
 use crate::error::{FfiError, Result};
@@ -60,6 +61,17 @@ pub const UCM_FINISHED_SAVED: u32 = 0;
 pub const UCM_FINISHED_SAVE_FAILED: u32 = 1;
 /// Requests whose loads completed.
 pub const UCM_FINISHED_LOADED: u32 = 2;
+
+/// `ucm_options_t::sync_mode`: one `syncfs` per batch of block writes
+/// where the file system's `syncfs` stands for an fsync of each file
+/// (ext4, XFS, btrfs, tmpfs on Linux 5.8+), else an fsync per file and
+/// directory. The default.
+pub const UCM_SYNC_AUTO: u32 = 0;
+/// `ucm_options_t::sync_mode`: an fsync per block file and per directory
+/// that got a new entry, never a `syncfs` (for a store on a busy shared
+/// file system, where a `syncfs` would also write back what other
+/// programs left dirty).
+pub const UCM_SYNC_FILES: u32 = 1;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -236,6 +248,9 @@ pub struct UcmOptions {
     pub pool_bytes: u64,
     /// Blocks on disk per group before GC (0: 2^20).
     pub disk_blocks: u64,
+    /// How the disk tiers make writes durable: `UCM_SYNC_AUTO` (0) or
+    /// `UCM_SYNC_FILES`; any other value is `UCM_ERR_INVALID`.
+    pub sync_mode: u32,
 }
 
 /// One group's placement of a request (`ucm_scheduler_update_after_alloc`).
@@ -533,6 +548,15 @@ pub unsafe extern "C" fn ucm_cache_open(
         if o.disk_blocks > 0 {
             co.store.disk_blocks = o.disk_blocks;
         }
+        co.store.sync = match o.sync_mode {
+            UCM_SYNC_AUTO => SyncMode::Auto,
+            UCM_SYNC_FILES => SyncMode::Files,
+            other => {
+                return Err(invalid(format!(
+                    "`opts.sync_mode` {other} (expected UCM_SYNC_AUTO or UCM_SYNC_FILES)"
+                )))
+            }
+        };
         let cache = Cache::open(s.0.clone(), co)?;
         // SAFETY: the caller's contract.
         unsafe { out_arg(out, "out", Box::into_raw(Box::new(UcmCache(cache)))) }

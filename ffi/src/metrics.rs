@@ -230,7 +230,7 @@ impl Metrics {
             "Requests with a failed save.",
             self.failed_saves.load(Relaxed),
         );
-        let per_group: [StoreCounter; 8] = [
+        let per_group: [StoreCounter; 9] = [
             (
                 "ucm_pool_read_bytes_total",
                 "Bytes loaded from the memory pool.",
@@ -268,6 +268,11 @@ impl Metrics {
                 "ucm_store_worker_panics_total",
                 "Store jobs whose worker panicked (a bug); their items failed.",
                 |c| c.worker_panics,
+            ),
+            (
+                "ucm_disk_fs_syncs_total",
+                "syncfs calls that made batches of block writes durable (0 where each file is fsynced).",
+                |c| c.fs_syncs,
             ),
         ];
         for (name, help, f) in per_group {
@@ -329,6 +334,7 @@ bytes_per_token = 64
             shard_bytes: 4096,
             disk_reads: 3,
             worker_panics: 2,
+            fs_syncs: 5,
             ..GroupCounters::default()
         };
         let s = Metrics::new(&spec).render(&[("attn".into(), c)]);
@@ -342,6 +348,10 @@ bytes_per_token = 64
         );
         assert!(
             s.contains("ucm_store_worker_panics_total{group=\"attn\"} 2"),
+            "{s}"
+        );
+        assert!(
+            s.contains("ucm_disk_fs_syncs_total{group=\"attn\"} 5"),
             "{s}"
         );
     }

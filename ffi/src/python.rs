@@ -163,9 +163,12 @@ impl PyCache {
     /// cluster, `redis://host:port,...`) and `cold` (an S3 bucket,
     /// `s3://bucket/prefix?endpoint=...`) are tiers below the disk shared
     /// with other instances; `no_disk` makes them the persistent tiers
-    /// instead of a local disk.
+    /// instead of a local disk. `sync_mode` is how the disk tiers make writes
+    /// durable: `auto` (one `syncfs` per batch where the file system
+    /// allows) or `files` (an fsync per file and directory, for a busy
+    /// shared file system).
     #[new]
-    #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2, remote=None, cold=None, no_disk=false))]
+    #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2, remote=None, cold=None, no_disk=false, sync_mode="auto"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         spec: &PySpec,
@@ -178,8 +181,10 @@ impl PyCache {
         remote: Option<String>,
         cold: Option<String>,
         no_disk: bool,
+        sync_mode: &str,
     ) -> PyResult<Self> {
         let mut o = CacheOptions::new(dir);
+        o.store.sync = sync_mode.parse().map_err(err)?;
         o.tp_size = tp_size;
         o.store.pool_bytes = Some(pool_bytes);
         o.store.disk_blocks = disk_blocks;

@@ -59,10 +59,13 @@ pub struct PyBlockStore(RawStore);
 #[pymethods]
 impl PyBlockStore {
     /// Opens (or creates) the store. `device` is whose memory the
-    /// addresses are: `cpu` (host memory) or `cuda[:N]`.
+    /// addresses are: `cpu` (host memory) or `cuda[:N]`. `sync_mode` is how the
+    /// disk tier makes writes durable: `auto` (one `syncfs` per batch where
+    /// the file system allows) or `files` (an fsync per file and
+    /// directory, for a busy shared file system).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (dir, shard_bytes, shards_per_block, pool_bytes=256 << 20, disk_blocks=1 << 20, workers=2, device="cpu"))]
+    #[pyo3(signature = (dir, shard_bytes, shards_per_block, pool_bytes=256 << 20, disk_blocks=1 << 20, workers=2, device="cpu", sync_mode="auto"))]
     fn new(
         py: Python<'_>,
         dir: &str,
@@ -72,8 +75,10 @@ impl PyBlockStore {
         disk_blocks: u64,
         workers: usize,
         device: &str,
+        sync_mode: &str,
     ) -> PyResult<Self> {
         let backend = Backend::parse(device).map_err(err)?;
+        let sync = sync_mode.parse().map_err(|e| err(FfiError::from(e)))?;
         let mut o = RawStoreOptions::new(
             dir,
             Geometry {
@@ -85,6 +90,7 @@ impl PyBlockStore {
         o.disk_blocks = disk_blocks;
         o.workers = workers;
         o.backend = backend;
+        o.sync = sync;
         Ok(PyBlockStore(py.detach(|| RawStore::open(o)).map_err(err)?))
     }
 
@@ -183,6 +189,7 @@ impl PyBlockStore {
             "failed_items",
             "blocks_written",
             "write_failures",
+            "fs_syncs",
         ]
         .iter()
         .zip(c)

@@ -4,7 +4,8 @@
 //! with an injected write fault, prefetch, task bookkeeping and bad input.
 
 use ucm_device::io::faults::{self, FaultOp, FaultRule};
-use ucm_ffi::coordinator::store::Geometry;
+use ucm_device::io::IoDir;
+use ucm_ffi::coordinator::store::{Geometry, SyncMode};
 use ucm_ffi::{FfiError, ItemProblem, RawItem, RawStore, RawStoreOptions};
 
 const GEO: Geometry = Geometry {
@@ -51,6 +52,30 @@ fn items(blocks: &[u8], bufs: &mut [Vec<u8>]) -> Vec<RawItem> {
 
 fn open(dir: &std::path::Path) -> RawStore {
     RawStore::open(RawStoreOptions::new(dir, GEO)).unwrap()
+}
+
+#[test]
+fn the_sync_mode_chooses_how_dumps_are_made_durable() {
+    let blocks: Vec<u8> = (1..=8).collect();
+    for mode in [SyncMode::Files, SyncMode::Auto] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = RawStoreOptions::new(dir.path(), GEO);
+        o.sync = mode;
+        let st = RawStore::open(o).unwrap();
+        let mut src = buffers(&blocks, true);
+        // SAFETY: the buffers outlive the task (waited for below).
+        let t = unsafe { st.dump(&items(&blocks, &mut src), 0) }.unwrap();
+        assert_eq!(st.wait(t, true).unwrap(), [], "{mode}");
+        let c = st.counters();
+        assert_eq!(c[4], 8, "{mode}: every block written");
+        let by_fs = IoDir::open(dir.path()).unwrap().syncfs_reports_all();
+        match mode {
+            SyncMode::Files => assert_eq!(c[6], 0, "files: no syncfs"),
+            SyncMode::Auto => {
+                assert_eq!(c[6] > 0, by_fs, "auto: syncfs where it stands for fsyncs")
+            }
+        }
+    }
 }
 
 #[test]

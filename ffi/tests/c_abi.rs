@@ -70,13 +70,31 @@ fn run(exe: &Path, args: &[String]) -> String {
 fn c_program_round_trips_checks_arguments_and_matches_golden_hashes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = build(dir.path());
-    run(
-        &exe,
-        &[
-            "roundtrip".into(),
-            dir.path().join("rt").display().to_string(),
-        ],
-    );
+    // Both sync modes: `files` never calls syncfs; `auto` does where the
+    // file system's syncfs stands for an fsync of each file.
+    for mode in ["files", "auto"] {
+        let rt = dir.path().join(format!("rt-{mode}"));
+        let out = run(
+            &exe,
+            &["roundtrip".into(), rt.display().to_string(), mode.into()],
+        );
+        let shown = |what: &str| -> u64 {
+            out.lines()
+                .find_map(|l| l.strip_prefix(what)?.strip_prefix(' '))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {what} line in {out:?}"))
+        };
+        assert!(
+            shown("blocks_written") > 0,
+            "{mode}: blocks reached the disk"
+        );
+        let syncs = shown("fs_syncs");
+        let by_fs = ucm_device::io::IoDir::open(dir.path())
+            .unwrap()
+            .syncfs_reports_all();
+        let want = mode == "auto" && by_fs;
+        assert_eq!(syncs > 0, want, "{mode}: {syncs} syncfs calls");
+    }
     run(
         &exe,
         &[

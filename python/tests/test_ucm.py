@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import threading
 import time
 
@@ -183,6 +184,35 @@ def test_save_then_load_round_trip_on_tensors(tmp_path, device):
     text = cache.metrics_text()
     assert 'ucm_hit_tokens_total{group="attn"} 64' in text
     assert "ucm_layer_load_wait_seconds_count" in text
+
+
+def test_the_sync_mode_reaches_the_disk_tiers(tmp_path):
+    """`files`: saves are made durable by fsyncs, never a syncfs (the
+    metric stays 0 while blocks are written); a bad mode is a ValueError."""
+    spec = ucm.SpecTable.from_toml(SPEC)
+    cache = ucm.Cache(spec, str(tmp_path / "files"), pool_bytes=4 << 20, sync_mode="files")
+    sched = cache.scheduler()
+    worker = cache.worker()
+    torch = pytest.importorskip("torch")
+    kv = [torch.zeros((8, 2, 16, 32)) for _ in range(2)]
+    state = torch.zeros((4, 2048))
+    worker.register_kv_caches([(0, kv[0], 0), (1, kv[1], 0), (2, state, 0)])
+    tokens = [5 + i for i in range(64)]
+    assert sched.get_num_new_matched_tokens("a", tokens, 0) == 0
+    sched.update_state_after_alloc("a", {0: [0, 1, 2, 3]}, {1: 0}, 0)
+    run_step(worker, sched.build_meta([("a", 0, 64)]))
+    wait_saved(worker, "a")
+    text = cache.metrics_text()
+
+    def metric(name):
+        m = re.search(rf'^{name}{{group="attn"}} (\d+)$', text, re.M)
+        assert m, (name, text)
+        return int(m.group(1))
+
+    assert metric("ucm_disk_blocks_written_total") > 0, text
+    assert metric("ucm_disk_fs_syncs_total") == 0, text
+    with pytest.raises(ValueError, match="expected auto or files"):
+        ucm.Cache(spec, str(tmp_path / "bad"), sync_mode="fsync")
 
 
 def test_bad_arguments_are_errors_not_crashes(tmp_path):

@@ -270,6 +270,35 @@ def test_one_task_with_every_shard_of_every_block_loses_no_shard(tmp_path):
     assert bytes(dst) == bytes(src)
 
 
+def syncfs_stands_for_fsyncs(path) -> bool:
+    """Whether UCM's `auto` sync mode uses syncfs under `path`: ext4, XFS,
+    btrfs or tmpfs on Linux 5.8+ (as ``IoDir::syncfs_reports_all``)."""
+    fs = subprocess.run(
+        ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True
+    ).stdout.strip()
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return fs in ("ext2/ext3", "xfs", "btrfs", "tmpfs") and (major, minor) >= (5, 8)
+
+
+def test_the_sync_mode_is_taken_from_the_config(tmp_path):
+    n = 8
+    ids = [secrets.token_bytes(16) for _ in range(n)]
+    data = [make_array(SHARD) for _ in range(n)]
+    for mode in ("files", "auto"):
+        store = UcmPipelineStore(
+            config(tmp_path / mode, ucm_sync_mode=mode, ucm_durable_wait=True)
+        )
+        store.wait(store.dump_data(ids, [0] * n, [[d.ctypes.data] for d in data]))
+        c = store.counters()
+        assert c["blocks_written"] == n, (mode, c)
+        if mode == "files":
+            assert c["fs_syncs"] == 0, c
+        else:
+            assert (c["fs_syncs"] > 0) == syncfs_stands_for_fsyncs(tmp_path), c
+    with pytest.raises(ValueError, match="expected auto or files"):
+        UcmPipelineStore(config(tmp_path / "bad", ucm_sync_mode="fsync"))
+
+
 def test_bad_configuration_and_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="block_size"):
         UcmPipelineStore({"storage_backends": [str(tmp_path)]})

@@ -108,3 +108,21 @@ def test_connector_stats_aggregate():
     b = UcmConnector.build_kv_connector_stats({"loads": 3})
     assert a.aggregate(b).reduce() == {"loads": 5, "failed_loads": 1}
     assert UcmConnector.build_kv_connector_stats({}).is_empty()
+
+
+def test_connector_options_choose_the_sync_mode(tmp_path):
+    from ucm.vllm_connector import shared_cache
+
+    spec = """
+model = "sync-mode"
+num_layers = 1
+[[group]]
+name = "attn"
+kind = "chain"
+block_size = 16
+layers = "0"
+bytes_per_token = 256
+"""
+    assert shared_cache(spec, str(tmp_path / "a"), 1, {"sync_mode": "files"}) is not None
+    with pytest.raises(ValueError, match="expected auto or files"):
+        shared_cache(spec, str(tmp_path / "b"), 1, {"sync_mode": "fsync"})

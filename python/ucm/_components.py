@@ -79,9 +79,16 @@ class ComponentStores:
         disk_blocks: int = 1 << 20,
         workers: int = 2,
         device: str = "cpu",
+        sync_mode: str = "auto",
     ) -> None:
         self.root = root
-        self._opts = dict(pool_bytes=pool_bytes, disk_blocks=disk_blocks, workers=workers, device=device)
+        self._opts = dict(
+            pool_bytes=pool_bytes,
+            disk_blocks=disk_blocks,
+            workers=workers,
+            device=device,
+            sync_mode=sync_mode,
+        )
         self.sizes: Optional[List[int]] = None
         self._stores: List[BlockStore] = []
         self._where: List[Tuple[int, int]] = []

@@ -11,7 +11,10 @@ default 256 MiB), ``ucm_disk_blocks`` (block files before GC per store,
 default 2^20), ``ucm_workers``, ``ucm_durable_wait`` (a set returns once its
 pages are on disk, where every other instance sees them, not only in this
 instance's memory tier; default true: HiCache writes on its own backup
-thread, never on the forward path).
+thread, never on the forward path), ``ucm_sync_mode`` (how the disk tier makes
+writes durable: ``auto``, one ``syncfs`` per batch where the file system
+allows, or ``files``, an fsync per file and directory, for a store on a
+busy shared file system).
 
 Zero copy: pages move between SGLang's host pools and the store through
 the pools' ``get_page_buffer_meta`` addresses. A page is one block; each of
@@ -91,6 +94,7 @@ class _PoolStores:
                 pool_bytes=int(opts.get("ucm_pool_bytes", 256 << 20)),
                 disk_blocks=int(opts.get("ucm_disk_blocks", 1 << 20)),
                 workers=int(opts.get("ucm_workers", 2)),
+                sync_mode=str(opts.get("ucm_sync_mode", "auto")),
             )
         except ValueError as e:
             raise ValueError(

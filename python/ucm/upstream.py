@@ -27,7 +27,10 @@ optional: ``ucm_device`` (``cpu`` or ``cuda[:N]``, default ``cpu``: whose
 memory the addresses are), ``ucm_pool_bytes`` (default ``buffer_size``,
 else 256 MiB), ``ucm_disk_blocks`` (block files before GC, default 2^20),
 ``ucm_durable_wait`` (a dump's ``wait`` returns once its blocks are on
-disk, not just in the memory tier; default false), ``ucm_workers``.
+disk, not just in the memory tier; default false), ``ucm_workers``,
+``ucm_sync_mode`` (how the disk tier makes writes durable: ``auto``, one
+``syncfs`` per batch where the file system allows, or ``files``, an fsync
+per file and directory, for a store on a busy shared file system).
 ``transfer_enable: False`` (a scheduler-side store) refuses transfers.
 
 Each tensor of a shard is one component of the block (``shard_index *
@@ -177,6 +180,7 @@ class UcmPipelineStore(_Base):
             disk_blocks=int(config.get("ucm_disk_blocks", 1 << 20)),
             workers=int(config.get("ucm_workers", 2)),
             device=self._device,
+            sync_mode=str(config.get("ucm_sync_mode", "auto")),
         )
         self._tasks: Dict[int, Handle] = {}
         self._next = 1

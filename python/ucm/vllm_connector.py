@@ -16,7 +16,11 @@ the hashes; default: vLLM's model path), ``pool_bytes``, ``disk_blocks``,
 ``lookahead``, ``remote`` (a Redis or Valkey cluster below the disk,
 ``redis://host:port,...``; or ``UCM_REMOTE``), ``cold`` (an S3 bucket below
 that, ``s3://bucket/prefix?endpoint=...``; or ``UCM_COLD``), ``no_disk``
-(those tiers instead of a local disk), and, for tests only, ``sabotage``.
+(those tiers instead of a local disk), ``sync_mode`` (how the disk tier makes
+writes durable: ``auto``, one ``syncfs`` per batch where the file system
+allows, or ``files``, an fsync per file and directory, for a store on a
+busy shared file system; or ``UCM_SYNC_MODE``), and, for tests only,
+``sabotage``.
 
 Every hook calls the Rust adapter. The scheduler side resolves hits and
 builds each step's metadata (bytes, so it can cross to worker processes);
@@ -80,6 +84,7 @@ def shared_cache(spec_toml: str, directory: str, tp_size: int, opts: dict) -> An
                 remote=opts.get("remote") or os.environ.get("UCM_REMOTE") or None,
                 cold=opts.get("cold") or os.environ.get("UCM_COLD") or None,
                 no_disk=bool(opts.get("no_disk", False)),
+                sync_mode=str(opts.get("sync_mode") or os.environ.get("UCM_SYNC_MODE") or "auto"),
             )
             _CACHES[key] = c
         return c

@@ -30,6 +30,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,7 +39,7 @@ use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memo
 use ucm_store::pool::PoolMode;
 use ucm_store::{
     BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, ItemOutcome,
-    PoolConfig, RemoteTier, StoreError, TaskItem, TieredBlockStore,
+    PoolConfig, RemoteTier, StoreError, SyncMode, TaskItem, TieredBlockStore,
 };
 
 use super::io::{fio_available, run_fio, Pattern};
@@ -68,6 +69,27 @@ pub struct StoreBenchConfig {
     pub reps: usize,
     /// The store's I/O engine.
     pub engine: IoEngineKind,
+    /// How the disk tier makes dumps durable.
+    pub sync: SyncMode,
+}
+
+/// How the bench opens a store: its I/O engine and its disk tier's sync
+/// mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Opening {
+    /// The I/O engine.
+    pub engine: IoEngineKind,
+    /// The disk tier's sync mode.
+    pub sync: SyncMode,
+}
+
+impl StoreBenchConfig {
+    pub(super) fn opening(&self) -> Opening {
+        Opening {
+            engine: self.engine,
+            sync: self.sync,
+        }
+    }
 }
 
 impl Default for StoreBenchConfig {
@@ -81,6 +103,7 @@ impl Default for StoreBenchConfig {
             lookups: 10_000,
             reps: 5,
             engine: IoEngineKind::Auto,
+            sync: SyncMode::Auto,
         }
     }
 }
@@ -118,6 +141,13 @@ pub struct StoreBenchRecord {
     pub serial_ratio: Option<f64>,
     /// The machine's 1-minute load average when the bench started.
     pub load_average: Option<f64>,
+    /// `dump_cold`: the disk tier's sync mode, and the `syncfs` calls of
+    /// its last round (0 where every file and directory is fsynced).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync_mode: Option<String>,
+    /// See `sync_mode`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fs_syncs: Option<u64>,
 }
 
 /// Errors of the store bench.
@@ -162,6 +192,8 @@ pub(super) fn record(
         serial_limit: None,
         serial_ratio: None,
         load_average: None,
+        sync_mode: None,
+        fs_syncs: None,
     }
 }
 
@@ -199,14 +231,14 @@ pub(super) fn open_store(
     dir: &Path,
     geo: Geometry,
     slots: usize,
-    kind: IoEngineKind,
+    how: Opening,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
     open_store_with(
         dev,
         dir,
         geo,
         slots,
-        kind,
+        how,
         Vec::new(),
         Duration::from_secs(5),
     )
@@ -219,7 +251,7 @@ pub(super) fn open_store_with(
     dir: &Path,
     geo: Geometry,
     slots: usize,
-    kind: IoEngineKind,
+    how: Opening,
     tiers: Vec<RemoteTier>,
     load_timeout: Duration,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
@@ -232,8 +264,10 @@ pub(super) fn open_store_with(
         load_timeout,
         dirty_timeout: Duration::from_secs(600),
     })?;
-    let engine = Arc::from(IoEngineConfig::new(kind).build()?);
-    let disk = DiskTier::open(DiskConfig::new(dir, geo, u64::MAX / 2), engine)?;
+    let engine = Arc::from(IoEngineConfig::new(how.engine).build()?);
+    let mut dcfg = DiskConfig::new(dir, geo, u64::MAX / 2);
+    dcfg.sync = how.sync;
+    let disk = DiskTier::open(dcfg, engine)?;
     let cfg = BlockStoreConfig {
         workers: STORE_WORKERS,
         ..BlockStoreConfig::default()
@@ -381,7 +415,12 @@ pub fn run(
         for &shard_bytes in &cfg.shard_sizes {
             out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
         }
-        out.extend(run_lookups(&root, cfg.lookups, cfg.engine, &mut progress)?);
+        out.extend(run_lookups(
+            &root,
+            cfg.lookups,
+            cfg.opening(),
+            &mut progress,
+        )?);
         for r in &mut out {
             r.load_average = load;
         }
@@ -438,6 +477,7 @@ fn run_size(
     let (mut dump, mut load_cold, mut warm, mut layerwise, mut memcpy) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut fio_w, mut fio_r) = (Vec::new(), Vec::new());
+    let mut fs_syncs = None;
     let dst = dev.alloc_device(bytes)?;
     // Pre-fault the destination (the source is already written).
     memcpy_limit(&dev, &dst, &src, bytes)?;
@@ -445,7 +485,7 @@ fn run_size(
         progress(&format!("round {}/{reps}", rep + 1));
         let rdir = dir.join(format!("r{rep}"));
         // dump_cold, against fio writing the same bytes (a new file).
-        let st = open_store(&dev, &rdir, geo, slots, cfg.engine)?;
+        let st = open_store(&dev, &rdir, geo, slots, cfg.opening())?;
         let t = Instant::now();
         let h = st.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
         expect_ok(&h.wait(), "dump")?;
@@ -458,6 +498,9 @@ fn run_size(
         }
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
         dump.push(ours);
+        fs_syncs = st
+            .disk()
+            .map(|d| d.stats().fs_syncs.load(Ordering::Relaxed));
         drop(st);
         let _ = std::fs::remove_file(&fio_file);
         let w = fio_run(Pattern::SeqWrite)?;
@@ -465,7 +508,7 @@ fn run_size(
         progress(&format!("dump_cold: {ours:.3} GiB/s (fio {})", opt3(w)));
 
         // load_cold: a fresh store (empty pool), everything from disk.
-        let st = open_store(&dev, &rdir, geo, slots, cfg.engine)?;
+        let st = open_store(&dev, &rdir, geo, slots, cfg.opening())?;
         let t = Instant::now();
         expect_ok(
             &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
@@ -521,8 +564,11 @@ fn run_size(
         let _ = std::fs::remove_dir_all(&rdir);
     }
     let _ = std::fs::remove_file(&fio_file);
+    let mut dump_record = disk_record("dump_cold", shard_bytes, &dump, &fio_w, &memcpy);
+    dump_record.sync_mode = Some(cfg.sync.to_string());
+    dump_record.fs_syncs = fs_syncs;
     Ok(vec![
-        disk_record("dump_cold", shard_bytes, &dump, &fio_w, &memcpy),
+        dump_record,
         disk_record("load_cold", shard_bytes, &load_cold, &fio_r, &memcpy),
         record("load_warm", shard_bytes, &warm, &memcpy, false),
         record("load_layerwise", shard_bytes, &layerwise, &memcpy, false),
@@ -568,7 +614,7 @@ fn rates(
 fn run_lookups(
     root: &Path,
     total: usize,
-    kind: IoEngineKind,
+    how: Opening,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
     let geo = Geometry {
@@ -579,7 +625,7 @@ fn run_lookups(
     let present = total - total / 10;
     let dev = Arc::new(HostDevice::new());
     let dir = root.join("lookup");
-    let st = open_store(&dev, &dir, geo, 2 * total, kind)?;
+    let st = open_store(&dev, &dir, geo, 2 * total, how)?;
     let src = dev.alloc_device(present * 4096)?;
     let h = st.dump(task(geo, present, &src, 0..1), None)?;
     expect_ok(&h.wait(), "lookup setup")?;
@@ -613,7 +659,7 @@ fn run_lookups(
     // lookup_disk: a fresh store (a new process), empty pool: presence
     // from the files, each round in a store opened afresh; against raw
     // stats of the same files.
-    let mut st = open_store(&dev, &dir, geo, 64, kind)?;
+    let mut st = open_store(&dev, &dir, geo, 64, how)?;
     let disk = st
         .disk()
         .ok_or_else(|| StoreBenchError::Other("the lookup bench needs a disk tier".into()))?;
@@ -624,7 +670,7 @@ fn run_lookups(
     for round in 0..5 {
         if round > 0 {
             drop(st);
-            st = open_store(&dev, &dir, geo, 64, kind)?;
+            st = open_store(&dev, &dir, geo, 64, how)?;
         }
         let t = Instant::now();
         hits = st.lookup(&ids).iter().filter(|&&p| p).count();
@@ -717,6 +763,7 @@ mod tests {
             lookups: 200,
             reps: 2,
             engine: IoEngineKind::Auto,
+            sync: SyncMode::Auto,
         };
         let recs = run(&cfg, |_| {}).unwrap();
         let paths: Vec<_> = recs.iter().map(|r| r.path.as_str()).collect();

@@ -51,6 +51,7 @@ use serde::Serialize;
 use crate::coordinator::adapter::StoreSetConfig;
 use crate::coordinator::{CoordError, RequestKeys, SpecTable};
 use crate::harness::{Engine, EngineConfig, HarnessError, Request, Sabotage};
+use crate::store::SyncMode;
 
 use faults::{FaultKind, Faults};
 use report::{ratio, round4, turns};
@@ -121,6 +122,8 @@ pub struct ReplayConfig {
     pub cold: Option<String>,
     /// No local disk tier: the remote tiers instead.
     pub no_disk: bool,
+    /// How the disk tiers make saves durable.
+    pub sync: SyncMode,
     /// `Some`: this process is one of several engine instances of
     /// `ucm replay --instances N` (see [`instances`]).
     pub instance: Option<instances::InstanceRole>,
@@ -147,6 +150,7 @@ impl Default for ReplayConfig {
             remote: None,
             cold: None,
             no_disk: false,
+            sync: SyncMode::Auto,
             instance: None,
         }
     }
@@ -214,6 +218,7 @@ fn engine_config(
         remote: cfg.remote.clone(),
         cold: cfg.cold.clone(),
         no_disk: cfg.no_disk,
+        sync: cfg.sync,
         ..StoreSetConfig::default()
     };
     e.tp = cfg.tp;

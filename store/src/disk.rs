@@ -105,6 +105,39 @@ pub enum SyncMode {
     Files,
 }
 
+impl SyncMode {
+    /// The name [`FromStr`](std::str::FromStr) takes: `auto` or `files`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncMode::Auto => "auto",
+            SyncMode::Files => "files",
+        }
+    }
+}
+
+impl std::fmt::Display for SyncMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SyncMode {
+    type Err = StoreError;
+
+    /// `auto` or `files`; anything else is a [`StoreError::Config`] that
+    /// names what was given (cut short) and what is taken.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(SyncMode::Auto),
+            "files" => Ok(SyncMode::Files),
+            other => Err(StoreError::Config(format!(
+                "unknown sync mode {:?} (expected auto or files)",
+                paths::short(other)
+            ))),
+        }
+    }
+}
+
 impl DiskConfig {
     /// A config with watermarks from a capacity in blocks (low = 90%).
     pub fn new(dir: impl Into<PathBuf>, geometry: Geometry, capacity_blocks: u64) -> Self {
@@ -1316,6 +1349,22 @@ impl ReadSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sync_mode_is_named_and_parsed_back() {
+        for m in [SyncMode::Auto, SyncMode::Files] {
+            assert_eq!(m.to_string().parse::<SyncMode>().unwrap(), m);
+        }
+        assert_eq!(SyncMode::default(), SyncMode::Auto);
+        for bad in ["", "Files", "fsync", "auto "] {
+            let e = bad.parse::<SyncMode>().unwrap_err();
+            assert!(matches!(e, StoreError::Config(_)), "{bad:?}: {e}");
+            assert!(e.to_string().contains("expected auto or files"), "{e}");
+        }
+        // A long or hostile value is cut short in the message.
+        let e = "x\n".repeat(1000).parse::<SyncMode>().unwrap_err();
+        assert!(e.to_string().len() < 200, "{e}");
+    }
 
     #[test]
     fn the_relative_name_is_the_path_beneath_blocks() {

@@ -12,7 +12,7 @@ use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{Device, IoEngine, IoEngineConfig, IoEngineKind};
 use ucm_store::{
     BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, PoolConfig, PoolMode,
-    RemoteConfig, RemoteTier, TieredBlockStore, TieredSnapshotStore,
+    RemoteConfig, RemoteTier, SyncMode, TieredBlockStore, TieredSnapshotStore,
 };
 
 use super::units::UnitMap;
@@ -51,6 +51,12 @@ pub struct StoreSetConfig {
     /// (diskless nodes). A dump is durable once the nearest of them holds
     /// it; capacity is the servers' own.
     pub no_disk: bool,
+    /// How each disk tier makes its writes durable: one `syncfs` per batch
+    /// where the file system allows ([`SyncMode::Auto`]), or an fsync per
+    /// file and directory ([`SyncMode::Files`], for a store on a busy
+    /// shared file system, where a `syncfs` would also write back what
+    /// other programs left dirty).
+    pub sync: SyncMode,
 }
 
 impl Default for StoreSetConfig {
@@ -66,6 +72,7 @@ impl Default for StoreSetConfig {
             remote: None,
             cold: None,
             no_disk: false,
+            sync: SyncMode::Auto,
         }
     }
 }
@@ -128,6 +135,10 @@ pub struct GroupCounters {
     /// Store jobs whose worker panicked (a bug): their unfinished items
     /// were reported failed.
     pub worker_panics: u64,
+    /// `syncfs` calls that made batches of disk writes durable (0 with
+    /// [`SyncMode::Files`], or where the file system's `syncfs` does not
+    /// stand for an fsync of each file).
+    pub fs_syncs: u64,
 }
 
 /// A group's namespace on the remote tier: its name, characters outside
@@ -231,10 +242,9 @@ impl<D: Device> StoreSet<D> {
             let blocks = if cfg.no_disk {
                 TieredBlockStore::without_disk(Arc::clone(&dev), pool, below, bcfg)?
             } else {
-                let disk = DiskTier::open(
-                    DiskConfig::new(dir.join(&g.name), geo, cfg.disk_blocks),
-                    Arc::clone(&engine),
-                )?;
+                let mut dcfg = DiskConfig::new(dir.join(&g.name), geo, cfg.disk_blocks);
+                dcfg.sync = cfg.sync;
+                let disk = DiskTier::open(dcfg, Arc::clone(&engine))?;
                 TieredBlockStore::with_tiers(Arc::clone(&dev), pool, disk, below, bcfg)?
             };
             sizes.insert(g.index, shard);
@@ -321,9 +331,13 @@ impl<D: Device> StoreSet<D> {
         use std::sync::atomic::Ordering::Relaxed;
         let t = self.tier(group)?;
         let st = t.stats();
-        let (disk_evictions, corrupt_shards) = t.disk().map_or((0, 0), |d| {
+        let (disk_evictions, corrupt_shards, fs_syncs) = t.disk().map_or((0, 0, 0), |d| {
             let ds = d.stats();
-            (ds.gc_deleted.load(Relaxed), ds.corrupt_shards.load(Relaxed))
+            (
+                ds.gc_deleted.load(Relaxed),
+                ds.corrupt_shards.load(Relaxed),
+                ds.fs_syncs.load(Relaxed),
+            )
         });
         Some(GroupCounters {
             shard_bytes: self.shard_bytes(group) as u64,
@@ -336,6 +350,7 @@ impl<D: Device> StoreSet<D> {
             disk_evictions,
             corrupt_shards,
             worker_panics: st.worker_panics.load(Relaxed),
+            fs_syncs,
         })
     }
 

@@ -41,12 +41,14 @@ static const char SPEC[] =
 
 enum { BLOCK_BYTES = 16 * 256, NUM_BLOCKS = 16, LAYERS = 2, TOKENS = 64 };
 
-static int open_cache(const char *dir, ucm_spec_t **spec, ucm_cache_t **cache) {
+static int open_cache(const char *dir, uint32_t sync_mode, ucm_spec_t **spec,
+                      ucm_cache_t **cache) {
     if (ucm_spec_from_toml((const uint8_t *)SPEC, strlen(SPEC), spec) != UCM_OK) return 1;
     ucm_options_t o;
     memset(&o, 0, sizeof o);
     o.dir = dir;
     o.pool_bytes = 1 << 20;
+    o.sync_mode = sync_mode;
     return ucm_cache_open(*spec, &o, cache) != UCM_OK;
 }
 
@@ -89,10 +91,13 @@ static int wait_saved(ucm_worker_t *w, const char *req) {
     return 0;
 }
 
-static int roundtrip(const char *dir) {
+/* Saves and loads through a cache whose disk tier syncs by `sync_mode`;
+ * prints the cache's blocks written and syncfs calls ("blocks_written N",
+ * "fs_syncs N") for the Rust driver to check. */
+static int roundtrip(const char *dir, uint32_t sync_mode) {
     ucm_spec_t *spec = NULL;
     ucm_cache_t *cache = NULL;
-    CHECK(open_cache(dir, &spec, &cache) == 0, "open");
+    CHECK(open_cache(dir, sync_mode, &spec, &cache) == 0, "open");
     if (!cache) return 1;
     ucm_scheduler_t *s = NULL;
     ucm_worker_t *w = NULL;
@@ -150,6 +155,18 @@ static int roundtrip(const char *dir) {
     char *text = malloc(need);
     OK(ucm_cache_metrics(cache, text, need, &need));
     CHECK(strstr(text, "ucm_hit_tokens_total{group=\"attn\"} 48") != NULL, "hit metric:\n%s", text);
+    static const char *const shown[][2] = {
+        {"blocks_written", "ucm_disk_blocks_written_total{group=\"attn\"} "},
+        {"fs_syncs", "ucm_disk_fs_syncs_total{group=\"attn\"} "},
+    };
+    for (int i = 0; i < 2; i++) {
+        const char *at = strstr(text, shown[i][1]);
+        CHECK(at != NULL, "%s metric:\n%s", shown[i][0], text);
+        if (at) {
+            at += strlen(shown[i][1]);
+            printf("%s %.*s\n", shown[i][0], (int)strcspn(at, "\n"), at);
+        }
+    }
     free(text);
 
     ucm_worker_free(w);
@@ -169,7 +186,13 @@ static int badargs(const char *dir) {
           "NULL out");
     CHECK(ucm_spec_load("/nonexistent/spec.toml", &spec) == UCM_ERR_SPEC, "missing file");
     ucm_cache_t *cache = NULL;
-    CHECK(open_cache(dir, &spec, &cache) == 0, "open");
+    ucm_cache_t *bad_sync = NULL;
+    CHECK(open_cache(dir, 7, &spec, &bad_sync) != 0 && bad_sync == NULL, "sync_mode 7 refused");
+    CHECK(strstr(ucm_last_error(), "sync_mode") != NULL, "the error names the field: %s",
+          ucm_last_error());
+    ucm_spec_free(spec);
+    spec = NULL;
+    CHECK(open_cache(dir, UCM_SYNC_AUTO, &spec, &cache) == 0, "open");
     CHECK(strlen(ucm_last_error()) == 0, "success clears the error");
     uint32_t g = 9;
     CHECK(ucm_spec_group_index(spec, "nope", &g) == UCM_ERR_REQUEST, "unknown group");
@@ -304,13 +327,16 @@ static int hash(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (ucm_abi_version() != 2) {
+    if (ucm_abi_version() != 3) {
         fprintf(stderr, "ABI version %u\n", ucm_abi_version());
         return 1;
     }
-    if (argc >= 3 && !strcmp(argv[1], "roundtrip")) return roundtrip(argv[2]);
+    if (argc >= 3 && !strcmp(argv[1], "roundtrip"))
+        return roundtrip(argv[2], argc >= 4 && !strcmp(argv[3], "files") ? UCM_SYNC_FILES
+                                                                           : UCM_SYNC_AUTO);
     if (argc >= 3 && !strcmp(argv[1], "badargs")) return badargs(argv[2]);
     if (argc >= 6 && !strcmp(argv[1], "hash")) return hash(argc, argv);
-    fprintf(stderr, "usage: abi_test roundtrip DIR | badargs DIR | hash SPEC TP SALT EXTRA ITEM...\n");
+    fprintf(stderr,
+            "usage: abi_test roundtrip DIR [files] | badargs DIR | hash SPEC TP SALT EXTRA ITEM...\n");
     return 2;
 }
