@@ -61,6 +61,22 @@ for n in runs:
     cells = [cell(by.get(k, {}).get("ratio"), 0.9, f"run {n} posix {k[0]} d{k[1]}") for k in keys]
     print(f"| {n} | {load(recs)} | " + " | ".join(cells) + " |")
 
+if all("loop_ratio" in r for n in runs for r in read(d / f"io-{n}.jsonl")):
+    print(
+        "\nThe same runs against a hand-off-free psync loop over the client's buffers,"
+        " each reused every `depth` operations (the engine's own cost; no goal, D70):\n"
+    )
+    print("| run | load | " + " | ".join(f"{op} d{dep}" for op, dep in keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    for n in runs:
+        recs = read(d / f"io-{n}.jsonl")
+        by = {(r["op"], r["depth"]): r for r in recs}
+        cells = []
+        for k in keys:
+            r = by.get(k)
+            cells.append("-" if r is None else f"{r['loop_ratio']:.2f} ({r['loop_gib_s']:.1f} GiB/s)")
+        print(f"| {n} | {load(recs)} | " + " | ".join(cells) + " |")
+
 print()
 print("every goal met" if not missed else "missed: " + "; ".join(missed))
 sys.exit(1 if missed else 0)

@@ -106,10 +106,14 @@ fn bench_io_json_prints_one_record_per_case() {
             "fio_gib_s",
             "fio_own_gib_s",
             "ratio",
+            "loop_gib_s",
+            "loop_ratio",
+            "loop_spread",
         ] {
             assert!(r.get(k).is_some(), "missing {k} in {r}");
         }
         assert!(r["gib_s"].as_f64().unwrap() > 0.0);
+        assert!(r["loop_gib_s"].as_f64().unwrap() > 0.0);
         match r["fio_gib_s"].as_f64() {
             Some(f) => assert!(f > 0.0 && r["ratio"].as_f64().is_some()),
             None => assert!(r["ratio"].is_null()),

@@ -149,6 +149,14 @@ pub struct IoBenchRecord {
     pub spread: Spread,
     /// fio's rounds (None without fio).
     pub fio_spread: Option<Spread>,
+    /// The median GiB/s of a hand-off-free psync loop over the client's
+    /// `depth` buffers, each reused every `depth` operations (the bound of
+    /// any engine serving this client, see `run_loop`; D70).
+    pub loop_gib_s: f64,
+    /// `gib_s / loop_gib_s`: what the engine itself costs.
+    pub loop_ratio: f64,
+    /// The loop's rounds.
+    pub loop_spread: Spread,
     /// The machine's 1-minute load average when the bench started.
     pub load_average: Option<f64>,
 }
@@ -323,6 +331,92 @@ fn run_ours(
         }
     }
     Ok(gib_s(moved, start.elapsed().as_secs_f64()))
+}
+
+/// The same-run bound of any engine serving [`run_ours`]' client: `depth`
+/// threads issue `pread`/`pwrite` themselves (no hand-off, no completion
+/// to wait for), operation `i` into buffer `i % depth` of the client's
+/// `depth` buffers, so each buffer is reused once every `depth` operations
+/// in order, as the client's are when an engine gives them back. fio's
+/// psync jobs instead each reuse one buffer back to back; where `depth`
+/// buffers outgrow the cache, that locality is worth more than an engine's
+/// own cost (D70). Same file and open flags (`O_DIRECT` where our file has
+/// it), same offsets. Returns GiB/s; an error unless every block moved.
+fn run_loop(
+    file: &IoFile,
+    pattern: Pattern,
+    block: usize,
+    depth: usize,
+    file_bytes: u64,
+    seed: u64,
+) -> Result<f64, IoBenchError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let setup = |source| IoBenchError::Setup {
+        path: file.path().to_path_buf(),
+        source,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(pattern.is_write())
+        .custom_flags(if file.is_direct() { libc::O_DIRECT } else { 0 })
+        .open(file.path())
+        .map_err(setup)?;
+    let offs = offsets(pattern, block, file_bytes, seed);
+    let threads = depth.clamp(1, offs.len().max(1));
+    // Operation `i` takes buffer `i % depth`: each buffer is reused once
+    // every `depth` operations, in order (as the client's buffers come
+    // back from an engine). Its lock is only ever contended when
+    // operation `i - depth` is still running.
+    let bufs: Vec<Mutex<IoBuf>> = (0..threads)
+        .map(|i| {
+            let mut b = IoBuf::new(block);
+            b.as_mut_slice().fill(0x5a ^ i as u8);
+            Mutex::new(b)
+        })
+        .collect();
+    let next = AtomicUsize::new(0);
+    let one = || -> std::io::Result<u64> {
+        let mut moved = 0u64;
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&off) = offs.get(i) else {
+                return Ok(moved);
+            };
+            let mut buf = bufs[i % threads].lock().unwrap_or_else(|e| e.into_inner());
+            if pattern.is_write() {
+                f.write_all_at(buf.as_slice(), off)?;
+            } else {
+                f.read_exact_at(buf.as_mut_slice(), off)?;
+            }
+            moved += block as u64;
+        }
+    };
+    let start = Instant::now();
+    let moved = std::thread::scope(|s| {
+        let others: Vec<_> = (1..threads).map(|_| s.spawn(one)).collect();
+        let mut total = one();
+        for h in others {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a loop thread panicked")));
+            total = match (total, r) {
+                (Ok(a), Ok(b)) => Ok(a + b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        total
+    })
+    .map_err(setup)?;
+    let secs = start.elapsed().as_secs_f64();
+    if moved != offs.len() as u64 * block as u64 {
+        return Err(IoBenchError::Config(format!(
+            "the loop moved {moved} of {} bytes",
+            offs.len() * block
+        )));
+    }
+    Ok(gib_s(moved, secs))
 }
 
 /// What one fio run measured, in GiB/s.
@@ -545,6 +639,7 @@ fn run_in(
             for &pattern in &cfg.ops {
                 for &block in &cfg.blocks {
                     let mut ours = Vec::new();
+                    let mut looped = Vec::new();
                     let mut theirs = Vec::new();
                     let mut theirs_own = Vec::new();
                     for rep in 0..cfg.reps {
@@ -578,10 +673,19 @@ fn run_in(
                         if rep % 2 == 1 {
                             ours.push(mine()?);
                         }
+                        looped.push(run_loop(
+                            &file,
+                            pattern,
+                            block,
+                            depth,
+                            cfg.file_bytes,
+                            seed,
+                        )?);
                     }
                     // Medians of the interleaved rounds on both sides, the
                     // extremes beside them.
                     let ours = Spread::of(&ours);
+                    let looped = Spread::of(&looped);
                     let theirs = fio.then(|| Spread::of(&theirs));
                     let own = fio.then(|| Spread::of(&theirs_own).median);
                     let g = ours.median;
@@ -597,16 +701,21 @@ fn run_in(
                         ratio: f.filter(|&f| f > 0.0).map(|f| round_to(g / f, 3)),
                         spread: ours.rounded(3),
                         fio_spread: theirs.map(|t| t.rounded(3)),
+                        loop_gib_s: round_to(looped.median, 3),
+                        loop_ratio: round_to(g / looped.median.max(1e-9), 3),
+                        loop_spread: looped.rounded(3),
                         load_average: load,
                     };
                     done += 1;
                     progress(&format!(
-                        "[{done}/{total}] {:<8} {:<10} {:>5} KiB depth {:>2}: {} GiB/s, fio {}",
+                        "[{done}/{total}] {:<8} {:<10} {:>5} KiB depth {:>2}: {} GiB/s (loop {}, ratio {:.2}), fio {}",
                         rec.engine,
                         rec.op.name(),
                         block >> 10,
                         depth,
                         ours.text(3),
+                        looped.text(3),
+                        rec.loop_ratio,
                         theirs.map_or("n/a".to_string(), |t| format!(
                             "{} GiB/s, its own figure {:.3} (ratio of medians {:.2})",
                             t.text(3),
@@ -749,7 +858,41 @@ mod tests {
         assert!(recs
             .iter()
             .all(|r| r.gib_s > 0.0 && r.fio_gib_s.is_none() && r.ratio.is_none()));
+        assert!(recs
+            .iter()
+            .all(|r| r.loop_gib_s > 0.0 && r.loop_ratio > 0.0 && r.loop_spread.rounds == 2));
         // The bench file is removed.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// The loop moves every block once, operation `i` through buffer
+    /// `i % depth`: a sequential write leaves block `i` filled with buffer
+    /// `i % depth`'s byte, and a random one the same at each block's
+    /// place in the random order.
+    #[test]
+    fn the_loop_writes_each_block_from_buffer_i_mod_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bench.dat");
+        let (block, blocks, depth) = (8192usize, 64u64, 5usize);
+        lay_out(&path, block as u64 * blocks).unwrap();
+        let file = IoFile::open(&path, OpenOptions::read_write()).unwrap();
+        for pattern in [Pattern::SeqWrite, Pattern::RandWrite] {
+            let bytes = block as u64 * blocks;
+            let g = run_loop(&file, pattern, block, depth, bytes, 9).unwrap();
+            assert!(g > 0.0);
+            let data = std::fs::read(&path).unwrap();
+            for (i, off) in offsets(pattern, block, bytes, 9).into_iter().enumerate() {
+                let want = 0x5a ^ (i % depth) as u8;
+                let got = &data[off as usize..off as usize + block];
+                assert!(got.iter().all(|&b| b == want), "{pattern} op {i}");
+            }
+            // Reads move every block too (an error otherwise).
+            let read = if pattern.is_random() {
+                Pattern::RandRead
+            } else {
+                Pattern::SeqRead
+            };
+            assert!(run_loop(&file, read, block, depth, bytes, 9).unwrap() > 0.0);
+        }
     }
 }
