@@ -10,34 +10,39 @@ fn ucm() -> Command {
     c
 }
 
-#[test]
-fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
-    let dir = tempfile::tempdir().unwrap();
-    let plot = dir.path().join("r.svg");
-    let out = ucm()
-        .args([
-            "replay",
-            "--sessions",
-            "2",
-            "--turns",
-            "2",
-            "--tp",
-            "2",
-            "--pp",
-            "2",
-        ])
-        .args(["--spec-decode", "--json", "--dir"])
-        .arg(dir.path())
-        .arg("--plot")
-        .arg(&plot)
-        .output()
-        .unwrap();
+/// Runs `cmd`, checks that it succeeded, and parses its JSON report.
+fn report(cmd: &mut Command) -> serde_json::Value {
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("r.svg");
+    let v = report(
+        ucm()
+            .args([
+                "replay",
+                "--sessions",
+                "2",
+                "--turns",
+                "2",
+                "--tp",
+                "2",
+                "--pp",
+                "2",
+            ])
+            .args(["--spec-decode", "--json", "--dir"])
+            .arg(dir.path())
+            .arg("--plot")
+            .arg(&plot),
+    );
     for mode in ["ucm", "recompute", "fold"] {
         let m = &v["modes"][mode];
         assert_eq!(m["requests"], 4, "{mode}");
@@ -73,26 +78,20 @@ fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
 #[test]
 fn a_replay_whose_disk_tiers_fsync_each_file_serves_the_same_hits() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ucm()
-        .args([
-            "replay",
-            "--modes",
-            "ucm",
-            "--sessions",
-            "2",
-            "--turns",
-            "2",
-        ])
-        .args(["--sync-mode", "files", "--json", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = report(
+        ucm()
+            .args([
+                "replay",
+                "--modes",
+                "ucm",
+                "--sessions",
+                "2",
+                "--turns",
+                "2",
+            ])
+            .args(["--sync-mode", "files", "--json", "--dir"])
+            .arg(dir.path()),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let m = &v["modes"]["ucm"];
     assert_eq!(m["wrong_hits"], 0);
     assert!(m["cached_tokens"].as_u64().unwrap() > 0, "{m}");

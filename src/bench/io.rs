@@ -259,6 +259,18 @@ fn offsets(pattern: Pattern, block: usize, file_bytes: u64, seed: u64) -> Vec<u6
     v
 }
 
+/// The client's `n` buffers of `block` bytes, touched (buffer `i` filled
+/// with `0x5a ^ i`), as a bench run starts with them.
+fn client_buffers(n: usize, block: usize) -> Vec<IoBuf> {
+    (0..n)
+        .map(|i| {
+            let mut b = IoBuf::new(block);
+            b.as_mut_slice().fill(0x5a ^ i as u8);
+            b
+        })
+        .collect()
+}
+
 /// One run of our engine: keeps `depth` operations in flight until every
 /// block was moved once. Returns GiB/s.
 fn run_ours(
@@ -276,13 +288,7 @@ fn run_ours(
     } else {
         IoOp::Read
     };
-    let mut free: Vec<IoBuf> = (0..depth.min(offs.len()))
-        .map(|i| {
-            let mut b = IoBuf::new(block);
-            b.as_mut_slice().fill(0x5a ^ i as u8);
-            b
-        })
-        .collect();
+    let mut free = client_buffers(depth.min(offs.len()), block);
     let mut next = offs.iter();
     let mut inflight = VecDeque::with_capacity(depth);
     let start = Instant::now();
@@ -369,12 +375,9 @@ fn run_loop(
     // every `depth` operations, in order (as the client's buffers come
     // back from an engine). Its lock is only ever contended when
     // operation `i - depth` is still running.
-    let bufs: Vec<Mutex<IoBuf>> = (0..threads)
-        .map(|i| {
-            let mut b = IoBuf::new(block);
-            b.as_mut_slice().fill(0x5a ^ i as u8);
-            Mutex::new(b)
-        })
+    let bufs: Vec<Mutex<IoBuf>> = client_buffers(threads, block)
+        .into_iter()
+        .map(Mutex::new)
         .collect();
     let next = AtomicUsize::new(0);
     let one = || -> std::io::Result<u64> {
