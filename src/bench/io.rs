@@ -411,7 +411,15 @@ fn run_loop(
         }
         total
     })
-    .map_err(setup)?;
+    .map_err(|source| DeviceError::Io {
+        op: if pattern.is_write() {
+            "pwrite"
+        } else {
+            "pread"
+        },
+        path: Some(file.path().to_path_buf()),
+        source,
+    })?;
     let secs = start.elapsed().as_secs_f64();
     if moved != offs.len() as u64 * block as u64 {
         return Err(IoBenchError::Config(format!(

@@ -73,25 +73,6 @@ pub struct StoreBenchConfig {
     pub sync: SyncMode,
 }
 
-/// How the bench opens a store: its I/O engine and its disk tier's sync
-/// mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Opening {
-    /// The I/O engine.
-    pub engine: IoEngineKind,
-    /// The disk tier's sync mode.
-    pub sync: SyncMode,
-}
-
-impl StoreBenchConfig {
-    pub(super) fn opening(&self) -> Opening {
-        Opening {
-            engine: self.engine,
-            sync: self.sync,
-        }
-    }
-}
-
 impl Default for StoreBenchConfig {
     fn default() -> Self {
         StoreBenchConfig {
@@ -231,14 +212,14 @@ pub(super) fn open_store(
     dir: &Path,
     geo: Geometry,
     slots: usize,
-    how: Opening,
+    cfg: &StoreBenchConfig,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
     open_store_with(
         dev,
         dir,
         geo,
         slots,
-        how,
+        cfg,
         Vec::new(),
         Duration::from_secs(5),
     )
@@ -251,7 +232,7 @@ pub(super) fn open_store_with(
     dir: &Path,
     geo: Geometry,
     slots: usize,
-    how: Opening,
+    cfg: &StoreBenchConfig,
     tiers: Vec<RemoteTier>,
     load_timeout: Duration,
 ) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
@@ -264,11 +245,11 @@ pub(super) fn open_store_with(
         load_timeout,
         dirty_timeout: Duration::from_secs(600),
     })?;
-    let engine = Arc::from(IoEngineConfig::new(how.engine).build()?);
+    let engine = Arc::from(IoEngineConfig::new(cfg.engine).build()?);
     let mut dcfg = DiskConfig::new(dir, geo, u64::MAX / 2);
-    dcfg.sync = how.sync;
+    dcfg.sync = cfg.sync;
     let disk = DiskTier::open(dcfg, engine)?;
-    let cfg = BlockStoreConfig {
+    let bcfg = BlockStoreConfig {
         workers: STORE_WORKERS,
         ..BlockStoreConfig::default()
     };
@@ -277,7 +258,7 @@ pub(super) fn open_store_with(
         pool,
         disk,
         tiers,
-        cfg,
+        bcfg,
     )?)
 }
 
@@ -415,12 +396,7 @@ pub fn run(
         for &shard_bytes in &cfg.shard_sizes {
             out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
         }
-        out.extend(run_lookups(
-            &root,
-            cfg.lookups,
-            cfg.opening(),
-            &mut progress,
-        )?);
+        out.extend(run_lookups(cfg, &root, &mut progress)?);
         for r in &mut out {
             r.load_average = load;
         }
@@ -485,7 +461,7 @@ fn run_size(
         progress(&format!("round {}/{reps}", rep + 1));
         let rdir = dir.join(format!("r{rep}"));
         // dump_cold, against fio writing the same bytes (a new file).
-        let st = open_store(&dev, &rdir, geo, slots, cfg.opening())?;
+        let st = open_store(&dev, &rdir, geo, slots, cfg)?;
         let t = Instant::now();
         let h = st.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
         expect_ok(&h.wait(), "dump")?;
@@ -508,7 +484,7 @@ fn run_size(
         progress(&format!("dump_cold: {ours:.3} GiB/s (fio {})", opt3(w)));
 
         // load_cold: a fresh store (empty pool), everything from disk.
-        let st = open_store(&dev, &rdir, geo, slots, cfg.opening())?;
+        let st = open_store(&dev, &rdir, geo, slots, cfg)?;
         let t = Instant::now();
         expect_ok(
             &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
@@ -612,20 +588,19 @@ fn rates(
 }
 
 fn run_lookups(
+    cfg: &StoreBenchConfig,
     root: &Path,
-    total: usize,
-    how: Opening,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
     let geo = Geometry {
         shard_bytes: 4096,
         shards_per_block: 1,
     };
-    let total = total.max(10);
+    let total = cfg.lookups.max(10);
     let present = total - total / 10;
     let dev = Arc::new(HostDevice::new());
     let dir = root.join("lookup");
-    let st = open_store(&dev, &dir, geo, 2 * total, how)?;
+    let st = open_store(&dev, &dir, geo, 2 * total, cfg)?;
     let src = dev.alloc_device(present * 4096)?;
     let h = st.dump(task(geo, present, &src, 0..1), None)?;
     expect_ok(&h.wait(), "lookup setup")?;
@@ -659,7 +634,7 @@ fn run_lookups(
     // lookup_disk: a fresh store (a new process), empty pool: presence
     // from the files, each round in a store opened afresh; against raw
     // stats of the same files.
-    let mut st = open_store(&dev, &dir, geo, 64, how)?;
+    let mut st = open_store(&dev, &dir, geo, 64, cfg)?;
     let disk = st
         .disk()
         .ok_or_else(|| StoreBenchError::Other("the lookup bench needs a disk tier".into()))?;
@@ -670,7 +645,7 @@ fn run_lookups(
     for round in 0..5 {
         if round > 0 {
             drop(st);
-            st = open_store(&dev, &dir, geo, 64, how)?;
+            st = open_store(&dev, &dir, geo, 64, cfg)?;
         }
         let t = Instant::now();
         hits = st.lookup(&ids).iter().filter(|&&p| p).count();

@@ -49,7 +49,7 @@ fn open_tiered(
         dir,
         w.geo,
         w.slots,
-        cfg.opening(),
+        cfg,
         tiers,
         Duration::from_secs(30),
     )
@@ -155,7 +155,7 @@ fn run_size(
                 "dump_tiers: only {written} of {blocks} blocks reached every tier"
             )));
         }
-        let d = open_store(&dev, &dir.join("d"), geo, slots, cfg.opening())?;
+        let d = open_store(&dev, &dir.join("d"), geo, slots, cfg)?;
         let t = Instant::now();
         let h = d.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
         expect_ok(&h.wait(), "dump_disk")?;
@@ -183,7 +183,7 @@ fn run_size(
             ));
         }
         drop(b);
-        let d = open_store(&dev, &dir.join("d"), geo, slots, cfg.opening())?;
+        let d = open_store(&dev, &dir.join("d"), geo, slots, cfg)?;
         let t = Instant::now();
         expect_ok(
             &d.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
