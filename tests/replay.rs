@@ -112,7 +112,7 @@ fn bad_replay_options_are_errors() {
         (
             vec![
                 "--trace",
-                "../shared/data/mooncake/synthetic_trace.jsonl",
+                "tests/data/mooncake/synthetic_trace.jsonl",
                 "--sync-mode",
                 "files",
             ],

@@ -64,7 +64,7 @@ fn bad_instance_counts_and_traces_are_refused() {
                 "--instances",
                 "2",
                 "--trace",
-                "../shared/data/mooncake/synthetic_trace.jsonl",
+                "tests/data/mooncake/synthetic_trace.jsonl",
             ][..],
             "--instances applies to workload replays",
         ),

@@ -48,7 +48,7 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .args([
             "replay",
             "--trace",
-            "../shared/data/mooncake/synthetic_trace.jsonl",
+            "tests/data/mooncake/synthetic_trace.jsonl",
         ])
         .args(["--remote", &c.url()])
         .output()

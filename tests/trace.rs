@@ -1,4 +1,4 @@
-//! The Mooncake trace reader (`ucm::replay::trace`): the shared FAST'25
+//! The Mooncake trace reader (`ucm::replay::trace`): the vendored FAST'25
 //! synthetic trace loads whole; malformed lines are errors naming the line
 //! and the field; derived tokens share exactly what the hash ids share; and
 //! the ideal and LRU hit figures agree with an independent count written
@@ -12,8 +12,8 @@ use ucm::replay::trace::{
     TraceError, TraceRequest, TRACE_BLOCK,
 };
 
-fn shared_trace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mooncake/synthetic_trace.jsonl")
+fn vendored_trace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/mooncake/synthetic_trace.jsonl")
 }
 
 fn req(ids: &[u64], input: u64) -> TraceRequest {
@@ -64,16 +64,7 @@ fn independent_lru(trace: &[TraceRequest], capacity: usize) -> u64 {
 
 #[test]
 fn the_shared_trace_loads_whole_and_its_hit_figures_match_an_independent_count() {
-    let path = shared_trace();
-    if !path.exists() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "{} is missing (../shared beside the checkout)",
-            path.display()
-        );
-        eprintln!("skipping: {} not here", path.display());
-        return;
-    }
+    let path = vendored_trace();
     let t = read_trace(&path).unwrap();
     assert_eq!(t.len(), 3993);
     let input: u64 = t.iter().map(|r| r.input_length).sum();

@@ -1,5 +1,5 @@
 //! Public production traces in the Mooncake format (FAST'25 trace release;
-//! `../shared/data/mooncake/README.md`): one JSON object per line,
+//! `tests/data/mooncake/README.md`): one JSON object per line,
 //! `{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids":
 //! [...]}`, where `hash_ids` are the ids of the prompt's 512-token prefix
 //! blocks (equal ids at equal positions: equal blocks, and so equal
@@ -382,6 +382,13 @@ pub fn summarize(
         ideal_hit_rate: ideal.rate(),
         lru,
     }
+}
+
+/// The trace's working set: the tokens of its distinct full blocks (what a
+/// cache holding every reusable block would hold).
+pub fn working_set_tokens(trace: &[TraceRequest]) -> u64 {
+    let (_, distinct) = ideal_and_blocks(trace);
+    (distinct.len() as u64).saturating_mul(TRACE_BLOCK)
 }
 
 /// The summary as a table.
