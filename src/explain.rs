@@ -87,9 +87,9 @@ fn one() -> u32 {
 }
 
 impl Scenario {
-    /// Reads a scenario file.
+    /// Reads a scenario file (a regular file of at most 16 MiB).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
+        let text = ucm_device::io::read_small_file(path, ucm_device::io::SMALL_FILE_LIMIT)
             .map_err(|e| ExplainError::Scenario(format!("{}: {e}", path.display())))?;
         serde_json::from_str(&text)
             .map_err(|e| ExplainError::Scenario(format!("{}: {e}", path.display())))

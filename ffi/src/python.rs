@@ -378,31 +378,51 @@ fn region_of(layer: u32, t: &Bound<'_, PyAny>, block_dim: usize) -> PyResult<(Ra
             shape.len()
         )));
     }
+    // Every size below is checked: a tensor-like object can report any
+    // element size, shape or stride, and a product that wraps would
+    // register a region smaller than the view.
+    let overflow = || {
+        PyValueError::new_err(format!(
+            "layer {layer}: the tensor's size overflows (element size {elem}, shape {shape:?}, \
+             strides {strides:?})"
+        ))
+    };
+    if elem == 0 || shape.len() != strides.len() {
+        return Err(PyValueError::new_err(format!(
+            "layer {layer}: element size {elem}, {} dimensions and {} strides",
+            shape.len(),
+            strides.len()
+        )));
+    }
     // Each block must be one contiguous chunk: the dimensions after the
     // block dimension are dense, and those before it are outermost.
     let mut dense = elem;
     for d in (block_dim + 1..shape.len()).rev() {
-        if shape[d] > 1 && strides[d] * elem != dense {
+        let bytes = strides[d].checked_mul(elem).ok_or_else(overflow)?;
+        if shape[d] > 1 && bytes != dense {
             return Err(PyValueError::new_err(format!(
                 "layer {layer}: a block is not one contiguous chunk (shape {shape:?}, strides \
                  {strides:?}); this layout is not supported"
             )));
         }
-        dense *= shape[d];
+        dense = dense.checked_mul(shape[d]).ok_or_else(overflow)?;
     }
-    let stride = strides[block_dim] * elem;
+    let stride = strides[block_dim].checked_mul(elem).ok_or_else(overflow)?;
     if stride < dense {
         return Err(PyValueError::new_err(format!(
             "layer {layer}: blocks overlap (stride {stride} bytes, block {dense} bytes)"
         )));
     }
     // The bytes spanned by the view.
-    let span = shape
-        .iter()
-        .zip(&strides)
-        .map(|(n, s)| n.saturating_sub(1) * s * elem)
-        .sum::<usize>()
-        + elem;
+    let mut span = elem;
+    for (n, s) in shape.iter().zip(&strides) {
+        let part = n
+            .saturating_sub(1)
+            .checked_mul(*s)
+            .and_then(|x| x.checked_mul(elem))
+            .ok_or_else(overflow)?;
+        span = span.checked_add(part).ok_or_else(overflow)?;
+    }
     Ok((
         RawRegion {
             layer,

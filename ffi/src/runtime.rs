@@ -421,9 +421,10 @@ impl SchedulerSide {
             keys,
         };
         let (extra, _) = self.inner.get_num_new_matched_tokens(&req, num_computed)?;
+        let ceiling = self.inner.ceiling(req_id).unwrap_or(0);
         self.cache
             .metrics
-            .lookup(n.saturating_sub(1), num_computed, extra);
+            .lookup(n.saturating_sub(1), num_computed, extra, ceiling);
         Ok(extra)
     }
 
@@ -531,6 +532,12 @@ impl WorkerSide {
             for r in regions {
                 if r.addr == 0 {
                     return Err(FfiError::Invalid(format!("layer {}: a NULL region", r.layer)));
+                }
+                if r.addr.checked_add(r.len as u64).is_none() {
+                    return Err(FfiError::Invalid(format!(
+                        "layer {}: a region of {} bytes at {:#x} wraps past the end of memory",
+                        r.layer, r.len, r.addr
+                    )));
                 }
                 if r.stride == 0 || r.len < r.stride {
                     return Err(FfiError::Invalid(format!(

@@ -296,3 +296,38 @@ def test_cuda_tensors_without_a_driver_are_refused_clearly(tmp_path):
     cache, _, _ = make_engine(tmp_path)
     with pytest.raises(RuntimeError, match="libcuda|driver|unsupported"):
         cache.worker().register_kv_caches([(0, CudaLike(), 0)])
+
+
+def test_hostile_inputs_are_clear_errors_never_hangs_or_wraps(tmp_path):
+    """A tensor-like object whose sizes overflow, a device as a spec file,
+    and a task naming one (block, shard) twice: each a clear error."""
+
+    class Huge:
+        device = "cpu"
+
+        def data_ptr(self):
+            return 1 << 20
+
+        def element_size(self):
+            return 2**62
+
+        def size(self):
+            return [8, 1024]
+
+        def stride(self):
+            return [1024, 1]
+
+    cache, _, _ = make_engine(tmp_path)
+    with pytest.raises(ValueError, match="overflows"):
+        cache.worker().register_kv_caches([(0, Huge(), 0)])
+    with pytest.raises(RuntimeError, match="not a regular file"):
+        ucm.SpecTable.load("/dev/zero")
+    store = ucm.BlockStore(str(tmp_path / "raw"), 4096, 2)
+    buf = torch.zeros(2 * 4096, dtype=torch.uint8)
+    a = buf.data_ptr()
+    block = b"\x07" * 16
+    with pytest.raises(Exception, match="twice"):
+        store.wait(store.dump([block, block], [0, 0], [a, a + 4096]))
+    # The same block on its two shards is fine.
+    t = store.dump([block, block], [0, 1], [a, a + 4096])
+    store.wait(t)

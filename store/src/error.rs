@@ -88,6 +88,15 @@ pub enum StoreError {
         /// The store's group.
         expected: u32,
     },
+    /// A task names one (block, shard) twice: refused whole, since two
+    /// copies into or out of one slot in one task have no defined order.
+    #[error("the task names block {block} shard {shard} twice; each (block, shard) at most once")]
+    DuplicateItem {
+        /// The block, in hex.
+        block: String,
+        /// The shard.
+        shard: u32,
+    },
     /// A request names a shard outside the geometry.
     #[error("shard {shard} out of range: the geometry has {shards} shards per block")]
     ShardOutOfRange {

@@ -103,6 +103,7 @@ impl Failure {
             | StoreError::Unsafe { .. }
             | StoreError::GeometryMismatch { .. }
             | StoreError::WrongGroup { .. }
+            | StoreError::DuplicateItem { .. }
             | StoreError::ShardOutOfRange { .. } => Failure::new(FailureKind::Rejected, detail),
         }
     }

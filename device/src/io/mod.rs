@@ -21,6 +21,7 @@ pub mod dir;
 pub mod faults;
 pub mod file;
 mod posix;
+pub mod small;
 #[cfg(feature = "io-uring")]
 mod uring;
 mod worker;
@@ -36,6 +37,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 pub use buf::{IoBuf, DIRECT_IO_ALIGN};
 pub use dir::{Entry, IoDir};
 pub use file::{IoFile, OpenOptions};
+pub use small::{read_small_file, SmallFileError, SMALL_FILE_LIMIT};
 
 use crate::error::{DeviceError, Result};
 use faults::{FaultOp, Injected};
