@@ -1,7 +1,7 @@
 //! # ucm-coordinator: spec table, hashing, hit resolution, checkpoints
 //!
 //! The decision modules ([`spec`], [`hash`], [`resolve`], [`directory`],
-//! [`retention`]) never import the HAL and never move bytes: they see
+//! [`retention`], [`ceiling`]) never import the HAL and never move bytes: they see
 //! stores only through the narrow [`resolve::Presence`] interface and the
 //! [`directory::CheckpointDirectory`]. The [`adapter`] is the only module
 //! that moves bytes: it maps layers to access units and shards and drives
@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod adapter;
+pub mod ceiling;
 pub mod directory;
 pub mod error;
 pub mod hash;

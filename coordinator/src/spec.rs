@@ -24,7 +24,7 @@
 //! grid = 64                 # snapshot: checkpoint grid in tokens
 //! state_bytes = 1048576     # snapshot: bytes of state per layer
 //! layers = "64-83"
-//! retention = { request_end = true, second_unserved = true, interval = 1024 }
+//! retention = { request_end = true, second_unserved = true, interval = 1024, speculative = true }
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -103,6 +103,12 @@ pub struct RetentionPolicy {
     /// Every `interval` tokens of input and output.
     #[serde(default)]
     pub interval: Option<u64>,
+    /// Speculative checkpoints along the prompt, kept at a lower priority
+    /// (evicted first, promoted when a request uses one): the only way the
+    /// second occurrence of a prefix that then diverges can hit
+    /// ([`crate::retention::speculative_plan`]).
+    #[serde(default = "yes")]
+    pub speculative: bool,
 }
 
 fn yes() -> bool {
@@ -115,6 +121,7 @@ impl Default for RetentionPolicy {
             request_end: true,
             second_unserved: true,
             interval: None,
+            speculative: true,
         }
     }
 }
@@ -610,12 +617,15 @@ impl SpecTable {
         )
     }
 
-    /// Reads, parses and validates a TOML spec file.
+    /// Reads, parses and validates a TOML spec file (a regular file of at
+    /// most 16 MiB).
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| CoordError::SpecFile {
-            path: path.display().to_string(),
-            why: e.to_string(),
-        })?;
+        let text =
+            ucm_store::device::io::read_small_file(path, ucm_store::device::io::SMALL_FILE_LIMIT)
+                .map_err(|e| CoordError::SpecFile {
+                path: path.display().to_string(),
+                why: e.to_string(),
+            })?;
         Self::from_toml(&text).map_err(|e| CoordError::SpecFile {
             path: path.display().to_string(),
             why: e.to_string(),
@@ -658,6 +668,24 @@ impl SpecTable {
     /// Snapshot groups.
     pub fn snapshot_groups(&self) -> impl Iterator<Item = &Group> {
         self.groups.iter().filter(|g| g.kind == Kind::Snapshot)
+    }
+
+    /// K/V bytes of one token over every chain and sidecar layer (one
+    /// rank's share for the whole model at full size).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.groups
+            .iter()
+            .filter(|g| matches!(g.kind, Kind::Chain | Kind::Sidecar))
+            .map(|g| g.unit_bytes.saturating_mul(g.layers.len() as u64))
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Bytes of the states of one checkpoint position: every snapshot
+    /// group's state over its layers (a hit needs them all).
+    pub fn state_bytes_per_position(&self) -> u64 {
+        self.snapshot_groups()
+            .map(|g| g.unit_bytes.saturating_mul(g.layers.len() as u64))
+            .fold(0u64, u64::saturating_add)
     }
 
     /// Tokens per block of group `group`: a chain group's block size, a
@@ -713,7 +741,8 @@ impl SpecTable {
     }
 }
 
-fn gcd(a: u64, b: u64) -> u64 {
+/// Greatest common divisor (`gcd(a, 0) = a`).
+pub fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
     } else {

@@ -5,7 +5,10 @@ mod common;
 
 use common::{tokens, x_hybrid, MemPresence};
 use ucm_coordinator::hash::checkpoint_hash;
-use ucm_coordinator::retention::{plan, RecurrenceTracker};
+use ucm_coordinator::retention::{
+    plan, speculative_plan, speculative_spacing, JunctionLog, Priority, RecurrenceTracker, Shared,
+    SpeculativeBudget, MAX_LEVEL,
+};
 use ucm_coordinator::{
     resolve_hit, CheckpointDirectory, CoordError, Deployment, RequestHashes, RequestKeys, SpecTable,
 };
@@ -160,10 +163,11 @@ retention = { interval = 1024 }
     assert!(plan(spec.group("attn").unwrap(), 64, 0, 10_000).is_empty());
 }
 
-/// Trigger 2: the second unserved occurrence of a prefix keeps a
-/// checkpoint at the common boundary; served requests do not count.
+/// Trigger 2: where a request meets and leaves an earlier one. The
+/// tracker reports the common boundary of every request (the scheduler
+/// keeps a checkpoint there when the request was not served up to it).
 #[test]
-fn second_unserved_occurrence_keeps_the_common_boundary() {
+fn the_tracker_reports_where_a_request_leaves_an_earlier_one() {
     let spec = x_hybrid();
     let m = spec.group("mamba2").unwrap();
     let system = tokens(99, 1000); // shared system prompt
@@ -174,15 +178,152 @@ fn second_unserved_occurrence_keeps_the_common_boundary() {
         h.chains[m.index][0].clone()
     };
     let mut tr = RecurrenceTracker::new(64);
-    // First unserved occurrence: nothing yet.
-    assert_eq!(tr.observe(m, 128, &req(1), 0), None);
-    // A request served from cache (p* > 0) does not count.
-    assert_eq!(tr.observe(m, 128, &req(2), 896), None);
-    // Second unserved occurrence: the common prefix is 1000 tokens; whole
-    // hash blocks of 128 give 896, on mamba2's grid of 64.
-    assert_eq!(tr.observe(m, 128, &req(3), 0), Some(896));
+    let none = Shared {
+        boundary: 0,
+        diverges: false,
+    };
+    // First occurrence: nothing shared.
+    assert_eq!(tr.observe(m, 128, &req(1)), none);
+    // Second: the common prefix is 1000 tokens; whole hash blocks of 128
+    // give 896, on mamba2's grid of 64; it goes on with other tokens.
+    let junction = Shared {
+        boundary: 896,
+        diverges: true,
+    };
+    assert_eq!(tr.observe(m, 128, &req(2)), junction);
+    assert_eq!(tr.observe(m, 128, &req(3)), junction);
+    // An exact repeat shares everything and diverges nowhere.
+    assert_eq!(
+        tr.observe(m, 128, &req(3)),
+        Shared {
+            boundary: 1664,
+            diverges: false
+        }
+    );
     // An unrelated prompt shares nothing.
-    assert_eq!(tr.observe(m, 128, &tokens_ids(&spec, 5), 0), None);
+    assert_eq!(tr.observe(m, 128, &tokens_ids(&spec, 5)), none);
+}
+
+/// Trigger 4, worked example: the spacing of speculative checkpoints and
+/// their levels. X-Hybrid-96 keeps 26.5 MB of state per position against
+/// 107,536 B of K/V per token, so a state is kept at most every 247 tokens:
+/// on the grid of 128, every 256. Junctions seen at multiples of 512 (and
+/// one at 1536) widen it to 512; one off those (at 640) narrows it to 128,
+/// then the K/V rule to 256 again.
+#[test]
+fn speculative_checkpoints_follow_the_junctions_and_the_bytes() {
+    let spec = x_hybrid();
+    let m = spec.group("mamba2").unwrap();
+    let (state, kv) = (spec.state_bytes_per_position(), spec.kv_bytes_per_token());
+    assert_eq!((state, kv), (26_476_544, 107_536));
+    let mut log = JunctionLog::new(8);
+    assert_eq!(log.spacing(128), 128, "no junction yet: the grid");
+    assert_eq!(speculative_spacing(log.spacing(128), state, kv), 256);
+    for j in [2048, 1536, 4096] {
+        log.observe(j);
+    }
+    assert_eq!(log.spacing(128), 512, "1536 = 3 x 512");
+    assert_eq!(speculative_spacing(log.spacing(128), state, kv), 512);
+    log.observe(640);
+    assert_eq!(log.spacing(128), 128);
+    assert_eq!(speculative_spacing(log.spacing(128), state, kv), 256);
+    // The plan of a 3000-token prompt resumed at 600, spacing 512: every
+    // multiple of 512 in between, levels by how many times 512 divides it,
+    // and the prompt's last servable point (2944) at the top level.
+    let plan = speculative_plan(m, spec.common_grid(), 600, 3000, Some(512));
+    assert_eq!(
+        plan,
+        vec![
+            (1024, 1),
+            (1536, 0),
+            (2048, 2),
+            (2560, 0),
+            (2944, MAX_LEVEL)
+        ]
+    );
+    // A group without the trigger plans nothing.
+    let mut off = m.clone();
+    off.retention.as_mut().unwrap().speculative = false;
+    assert!(speculative_plan(&off, spec.common_grid(), 0, 3000, Some(512)).is_empty());
+}
+
+/// The speculative share follows the recompute each kind of ghost would
+/// have saved.
+#[test]
+fn the_speculative_share_follows_what_each_kind_would_have_saved() {
+    let mut b = SpeculativeBudget::new();
+    assert_eq!(b.share(), 0.5, "no evidence");
+    b.observe(0, 300);
+    assert_eq!(b.share(), 0.0);
+    b.observe(900, 0);
+    assert!((b.share() - 0.75).abs() < 1e-12);
+}
+
+/// The scheduler's plan, worked through: a first occurrence keeps
+/// speculative checkpoints along its prompt and the sure request end; a
+/// second request that leaves it at 896 without being served there keeps a
+/// sure checkpoint at the junction; a request served beyond the junction
+/// keeps none there.
+#[test]
+fn the_scheduler_plans_sure_and_speculative_checkpoints() {
+    use std::sync::Arc;
+    use ucm_coordinator::adapter::{EngineRequest, Scheduler};
+    use ucm_coordinator::resolve::Presence;
+    use ucm_coordinator::CheckpointDirectory;
+
+    struct Nothing;
+    impl Presence for Nothing {
+        fn lookup(&self, _: &ucm_coordinator::Group, ids: &[[u8; 16]]) -> Vec<bool> {
+            vec![false; ids.len()]
+        }
+    }
+    let spec = Arc::new(x_hybrid());
+    let m = spec.group("mamba2").unwrap().index;
+    let mut s = Scheduler::new(
+        Arc::clone(&spec),
+        DEP,
+        Arc::new(Nothing),
+        Arc::new(CheckpointDirectory::new()),
+    );
+    let system = tokens(99, 1000);
+    let req = |id: &str, user: u64| {
+        let mut t = system.clone();
+        t.extend(tokens(user, 700));
+        EngineRequest {
+            id: id.into(),
+            tokens: Arc::new(t),
+            keys: RequestKeys::default(),
+        }
+    };
+    let plan_of = |s: &Scheduler<Nothing>, id: &str| -> Vec<(u64, Priority)> {
+        s.checkpoint_plan(id)
+            .into_iter()
+            .filter(|(g, _, _)| *g == m)
+            .map(|(_, p, pr)| (p, pr))
+            .collect()
+    };
+    s.get_num_new_matched_tokens(&req("a", 1), 0).unwrap();
+    // No junction seen yet: every 256 tokens (the K/V rule), levels by
+    // how often 256 divides the position; the prompt's end (1700, on the
+    // grid 1664) is sure (request end), which outranks the speculative
+    // last servable point there.
+    let a = plan_of(&s, "a");
+    let sp = Priority::Speculative;
+    assert_eq!(
+        a,
+        vec![
+            (256, sp(0)),
+            (512, sp(1)),
+            (768, sp(0)),
+            (1024, sp(2)),
+            (1280, sp(0)),
+            (1536, sp(1)),
+            (1664, Priority::Sure)
+        ]
+    );
+    s.get_num_new_matched_tokens(&req("b", 2), 0).unwrap();
+    let b = plan_of(&s, "b");
+    assert!(b.contains(&(896, Priority::Sure)), "the junction: {b:?}");
 }
 
 fn tokens_ids(spec: &SpecTable, seed: u64) -> Vec<[u8; 16]> {

@@ -27,7 +27,7 @@ pub use runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, Worker
 pub use ucm_coordinator as coordinator;
 
 /// Version of the C ABI. Bumped on every incompatible change.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 #[cfg(test)]
 mod tests {

@@ -75,6 +75,13 @@ pub struct Metrics {
     pub lookups: AtomicU64,
     /// Lookups that served at least one token.
     pub lookup_hits: AtomicU64,
+    /// Servable prompt tokens looked up (every prompt token but the last).
+    pub lookup_tokens: AtomicU64,
+    /// Of those, served: held by the engine or loaded by UCM.
+    pub served_tokens: AtomicU64,
+    /// Of those, what unlimited capacity would have served (the hit
+    /// ceiling, `ucm_coordinator::ceiling`).
+    pub ceiling_tokens: AtomicU64,
     /// Requests whose loads started.
     pub loads: AtomicU64,
     /// Load items reported failed (the engine recomputes them).
@@ -106,6 +113,9 @@ impl Metrics {
                 .collect(),
             lookups: AtomicU64::new(0),
             lookup_hits: AtomicU64::new(0),
+            lookup_tokens: AtomicU64::new(0),
+            served_tokens: AtomicU64::new(0),
+            ceiling_tokens: AtomicU64::new(0),
             loads: AtomicU64::new(0),
             failed_loads: AtomicU64::new(0),
             failed_saves: AtomicU64::new(0),
@@ -116,9 +126,17 @@ impl Metrics {
     }
 
     /// A lookup of a prompt with `visible` servable tokens, of which the
-    /// engine held `held` and UCM served `served` more.
-    pub(crate) fn lookup(&self, visible: u64, held: u64, served: u64) {
+    /// engine held `held` and UCM served `served` more, and unlimited
+    /// capacity would have served `ceiling`.
+    pub(crate) fn lookup(&self, visible: u64, held: u64, served: u64, ceiling: u64) {
         self.lookups.fetch_add(1, Relaxed);
+        self.lookup_tokens.fetch_add(visible, Relaxed);
+        self.served_tokens
+            .fetch_add(held.saturating_add(served).min(visible), Relaxed);
+        self.ceiling_tokens.fetch_add(
+            ceiling.max(held.saturating_add(served)).min(visible),
+            Relaxed,
+        );
         if served > 0 {
             self.lookup_hits.fetch_add(1, Relaxed);
         }
@@ -179,6 +197,26 @@ impl Metrics {
             "ucm_lookup_hits_total",
             "Lookups that served at least one token.",
             self.lookup_hits.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "ucm_lookup_tokens_total",
+            "Servable prompt tokens looked up (every prompt token but the last).",
+            self.lookup_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "ucm_served_tokens_total",
+            "Of the tokens looked up, those served: held by the engine or loaded by UCM.",
+            self.served_tokens.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "ucm_hit_ceiling_tokens_total",
+            "Of the tokens looked up, those unlimited capacity would have served (the hit \
+             ceiling): served/looked up below ceiling/looked up means capacity, not policy, \
+             limits the hit rate.",
+            self.ceiling_tokens.load(Relaxed),
         );
         let _ = writeln!(
             out,

@@ -9,14 +9,19 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta};
+use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta, StateSave};
 use ucm_coordinator::hash::Id;
+use ucm_coordinator::retention::{Priority, MAX_LEVEL};
 use ucm_coordinator::{RequestHashes, SpecTable};
 
 use crate::error::{FfiError, Result};
 
 const MAGIC: &[u8; 4] = b"UCMM";
-const VERSION: u32 = 1;
+/// 2: each saved state carries its retention priority (a byte: [`SURE`],
+/// or a speculative level up to [`MAX_LEVEL`]).
+const VERSION: u32 = 2;
+/// The priority byte of a sure checkpoint.
+const SURE: u8 = 255;
 
 struct Writer(Vec<u8>);
 
@@ -106,9 +111,13 @@ pub fn encode(meta: &ConnectorMeta) -> Vec<u8> {
             w.u64(range.end as u64);
         }
         w.len(r.save_states.len());
-        for (g, p) in &r.save_states {
-            w.len(*g);
-            w.u64(*p);
+        for st in &r.save_states {
+            w.len(st.group);
+            w.u64(st.position);
+            w.u8(match st.priority {
+                Priority::Sure => SURE,
+                Priority::Speculative(level) => level.min(MAX_LEVEL),
+            });
         }
     }
     w.0
@@ -252,15 +261,24 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
             save_blocks.push((g, a..b));
         }
         let mut save_states = Vec::new();
-        for _ in 0..r.count(12)? {
+        for _ in 0..r.count(13)? {
             let g = r.group(spec)?;
             let p = r.u64()?;
             if p > tokens.len() as u64 {
                 return Err(bad(format!("save position {p} past request `{id}`")));
             }
-            save_states.push((g, p));
+            let priority = match r.u8()? {
+                SURE => Priority::Sure,
+                level if level <= MAX_LEVEL => Priority::Speculative(level),
+                f => return Err(bad(format!("state priority {f}"))),
+            };
+            save_states.push(StateSave {
+                group: g,
+                position: p,
+                priority,
+            });
         }
-        requests.push(ReqMeta {
+        let meta = ReqMeta {
             id,
             tokens: Arc::new(tokens),
             hashes: Arc::new(RequestHashes { chains, seeds }),
@@ -268,7 +286,9 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
             load,
             save_blocks,
             save_states,
-        });
+        };
+        meta.validate(spec).map_err(|e| bad(e.to_string()))?;
+        requests.push(meta);
     }
     if r.at != buf.len() {
         return Err(bad(format!("{} trailing bytes", buf.len() - r.at)));
@@ -279,7 +299,8 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta};
+    use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta, StateSave};
+    use ucm_coordinator::retention::Priority;
     use ucm_coordinator::{Deployment, RequestKeys};
 
     const SPEC: &str = r#"
@@ -318,7 +339,11 @@ layers = "1"
             alloc: Arc::new(alloc.clone()),
             load,
             save_blocks: vec![(0, 0..2)],
-            save_states: vec![(1, 8)],
+            save_states: vec![StateSave {
+                group: 1,
+                position: 8,
+                priority: Priority::Speculative(3),
+            }],
         };
         let idle = ReqMeta {
             save_blocks: vec![],

@@ -547,7 +547,7 @@ impl Engine {
             for (g, range) in &r.save_blocks {
                 saved_blocks.entry(*g).or_default().extend(range.clone());
             }
-            saved_states.extend(r.save_states.iter().copied());
+            saved_states.extend(r.save_states.iter().map(|s| (s.group, s.position)));
             let flip = self.cfg.flip_byte && !self.flipped;
             let steps = self.step(&meta, &chunk, req.dead_rank, flip)?;
             let mut slowest = Duration::ZERO;

@@ -69,6 +69,21 @@ pub enum ItemOutcome {
     Failed(Failure),
 }
 
+/// How long a dumped block is kept, relative to others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Retain {
+    /// Kept by recency, as every block.
+    #[default]
+    Normal,
+    /// Kept at a lower priority, at a level (0 lowest, up to 15): evicted
+    /// before normal data by both tiers (the pool's CLOCK gives its slots
+    /// no second chance; the disk tier's GC takes its files first, lower
+    /// levels before higher ones), until a use (a load hit, a touch) makes
+    /// it normal. For data kept on speculation, such as speculative
+    /// checkpoints.
+    Low(u8),
+}
+
 /// Durability of one block of a dump task.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Durability {
@@ -428,7 +443,13 @@ pub trait BlockStore<D: Device> {
 
 enum Job<D: Device> {
     Load(Vec<TaskItem>, Arc<TaskShared>, usize),
-    Dump(Vec<TaskItem>, Option<Arc<D::Event>>, Arc<TaskShared>, usize),
+    Dump(
+        Vec<TaskItem>,
+        Option<Arc<D::Event>>,
+        Retain,
+        Arc<TaskShared>,
+        usize,
+    ),
     Prefetch(Vec<BlockId>),
 }
 
@@ -700,10 +721,20 @@ impl<D: Device> TieredBlockStore<D> {
         durable
     }
 
+    /// Dumps `items` as [`BlockStore::dump`] does, kept at `retain`.
+    pub fn dump_retained(
+        &self,
+        items: Vec<TaskItem>,
+        after: Option<Arc<D::Event>>,
+        retain: Retain,
+    ) -> Result<TaskHandle> {
+        self.submit(items, Some((after, retain)))
+    }
+
     fn submit(
         &self,
         items: Vec<TaskItem>,
-        dump: Option<Option<Arc<D::Event>>>,
+        dump: Option<(Option<Arc<D::Event>>, Retain)>,
     ) -> Result<TaskHandle> {
         for it in &items {
             self.inner.geo.check_shard(it.shard)?;
@@ -714,6 +745,15 @@ impl<D: Device> TieredBlockStore<D> {
                     it.memory.len(),
                     it.offset
                 )));
+            }
+        }
+        let mut seen = std::collections::HashSet::with_capacity(items.len());
+        for it in &items {
+            if !seen.insert((it.block, it.shard)) {
+                return Err(StoreError::DuplicateItem {
+                    block: crate::geometry::hex(&it.block),
+                    shard: it.shard,
+                });
             }
         }
         let mut shards: Vec<u32> = items.iter().map(|i| i.shard).collect();
@@ -749,7 +789,7 @@ impl<D: Device> TieredBlockStore<D> {
             let t = Arc::clone(&shared);
             let job = match &dump {
                 None => Job::Load(items, t, index),
-                Some(after) => Job::Dump(items, after.clone(), t, index),
+                Some((after, retain)) => Job::Dump(items, after.clone(), *retain, t, index),
             };
             match tx.try_send(job) {
                 Ok(()) => {}
@@ -873,7 +913,7 @@ impl<D: Device> BlockStore<D> for TieredBlockStore<D> {
     }
 
     fn dump(&self, items: Vec<TaskItem>, after: Option<Arc<D::Event>>) -> Result<TaskHandle> {
-        self.submit(items, Some(after))
+        self.submit(items, Some((after, Retain::Normal)))
     }
 
     fn touch(&self, ids: &[BlockId]) {
@@ -1038,9 +1078,9 @@ impl<D: Device> Inner<D> {
                     part.fail_rest(&groups, &why, false);
                 }
             }
-            Job::Dump(items, after, t, index) => {
+            Job::Dump(items, after, retain, t, index) => {
                 let (groups, part) = (self.by_shard(items), Part { shared: &t, index });
-                let run = || self.run_dump(stream, &groups, after.as_deref(), &part);
+                let run = || self.run_dump(stream, &groups, after.as_deref(), retain, &part);
                 if let Some(why) = self.unwinding(run) {
                     part.fail_rest(&groups, &why, true);
                 }
@@ -1158,6 +1198,7 @@ impl<D: Device> Inner<D> {
         stream: &D::Stream,
         groups: &[(u32, Vec<TaskItem>)],
         after: Option<&D::Event>,
+        retain: Retain,
         t: &Part<'_>,
     ) {
         let shard_bytes = self.geo.shard_bytes;
@@ -1240,6 +1281,19 @@ impl<D: Device> Inner<D> {
         t.done();
         // Write-behind: every block whose shards are all in the pool.
         let durable = self.write_behind(&blocks);
+        if let Retain::Low(level) = retain {
+            for r in &dumped {
+                r.cool();
+            }
+            if let Some(disk) = &self.disk {
+                let written: Vec<BlockId> = durable
+                    .iter()
+                    .filter(|(_, d)| *d == Durability::Durable)
+                    .map(|(b, _)| *b)
+                    .collect();
+                disk.cool(&written, level);
+            }
+        }
         drop(dumped);
         t.durable(durable);
     }

@@ -58,6 +58,11 @@ use crate::error::{Result, StoreError};
 use crate::geometry::{hex, hex_digits, BlockId, Geometry};
 use crate::{header, paths};
 
+/// How far into the past [`DiskTier::cool`] sets a block's mtime: far
+/// enough that every block written or touched since is younger (2^30 s,
+/// about 34 years).
+pub const COLD_BACKDATE: Duration = Duration::from_secs(1 << 30);
+
 /// How the disk tier is set up.
 #[derive(Clone, Debug)]
 pub struct DiskConfig {
@@ -1074,6 +1079,27 @@ impl DiskTier {
                     seen.insert(*id, now);
                 }
             }
+        }
+    }
+
+    /// The opposite of [`DiskTier::touch`]: sets the mtime of the blocks
+    /// present into the past, [`COLD_BACKDATE`] for `level` 0 and one
+    /// sixteenth less per level above (levels above 15 count as 15), so
+    /// that GC (oldest first) deletes them before any block written or
+    /// touched within that span, lower levels first, each level in the
+    /// order its blocks were written. A later `touch` (a hit) makes a
+    /// block current again.
+    pub fn cool(&self, ids: &[BlockId], level: u8) {
+        let back = COLD_BACKDATE / 16 * (16 - u32::from(level.min(15)));
+        let when = SystemTime::now()
+            .checked_sub(back)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut seen = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if let Ok(f) = fs::File::open(self.path_of(id)) {
+                let _ = f.set_modified(when);
+            }
+            seen.remove(id);
         }
     }
 

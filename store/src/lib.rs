@@ -35,7 +35,7 @@ mod sync {
 }
 
 pub use block::{
-    BlockStore, BlockStoreConfig, Durability, ItemOutcome, Lease, TaskHandle, TaskItem,
+    BlockStore, BlockStoreConfig, Durability, ItemOutcome, Lease, Retain, TaskHandle, TaskItem,
     TieredBlockStore,
 };
 pub use disk::{DiskConfig, DiskTier, GcReport, ReadSession, SyncMode};

@@ -590,6 +590,19 @@ impl ClockPool {
         }
     }
 
+    /// The opposite of [`ClockPool::touch`]: clears the access bit of
+    /// `key`'s slot, so that CLOCK takes it before any slot with a set bit
+    /// (no second chance). A later use sets the bit again. Never an
+    /// eviction by itself.
+    pub fn cool(&self, key: &Key) {
+        for s in self.candidates(hash(key)) {
+            let m = self.meta(s);
+            if state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key) {
+                m.access.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn lock_bucket(&self, b: usize) {
         let lock = &self.bucket(b).lock;
         let me = my_pid();
@@ -782,6 +795,12 @@ impl SlotRef<'_> {
     /// The slot index.
     pub fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// Clears the slot's access bit: CLOCK takes it before any slot whose
+    /// bit is set (no second chance), until a use sets it again.
+    pub fn cool(&self) {
+        self.pool.meta(self.slot).access.store(0, Ordering::Relaxed);
     }
 
     /// An I/O buffer over the slot, for a disk write straight from the pool.

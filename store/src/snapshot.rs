@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use ucm_device::{Device, Memory};
 
-use crate::block::{BlockStore, Durability, Lease, TaskHandle, TaskItem, TieredBlockStore};
+use crate::block::{BlockStore, Durability, Lease, Retain, TaskHandle, TaskItem, TieredBlockStore};
 use crate::error::{Result, StoreError};
 use crate::geometry::{BlockId, Geometry};
 
@@ -59,6 +59,17 @@ pub trait SnapshotStore<D: Device> {
         key: &SnapshotKey,
         items: Vec<StateItem>,
         after: Option<Arc<D::Event>>,
+    ) -> Result<TaskHandle> {
+        self.put_retained(key, items, after, Retain::Normal)
+    }
+    /// [`SnapshotStore::put`], kept at `retain` ([`Retain::Low`]: a
+    /// speculative checkpoint, evicted first until a `get` uses it).
+    fn put_retained(
+        &self,
+        key: &SnapshotKey,
+        items: Vec<StateItem>,
+        after: Option<Arc<D::Event>>,
+        retain: Retain,
     ) -> Result<TaskHandle>;
     /// Copies the checkpoint's layers into the caller's memory (a private
     /// copy). Layers that miss are reported as misses.
@@ -127,14 +138,16 @@ impl<D: Device> TieredSnapshotStore<D> {
 }
 
 impl<D: Device> SnapshotStore<D> for TieredSnapshotStore<D> {
-    fn put(
+    fn put_retained(
         &self,
         key: &SnapshotKey,
         items: Vec<StateItem>,
         after: Option<Arc<D::Event>>,
+        retain: Retain,
     ) -> Result<TaskHandle> {
         self.check(key)?;
-        self.blocks.dump(Self::items(key, items), after)
+        self.blocks
+            .dump_retained(Self::items(key, items), after, retain)
     }
 
     fn get(&self, key: &SnapshotKey, items: Vec<StateItem>) -> Result<TaskHandle> {

@@ -13,7 +13,7 @@ use ucm_device::{CopyRun, Device, HostDevice, IoEngineConfig, IoEngineKind, Memo
 use ucm_store::pool::PoolMode;
 use ucm_store::{
     BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry,
-    ItemOutcome, PoolConfig, StoreError, TaskItem, TieredBlockStore,
+    ItemOutcome, PoolConfig, Retain, StoreError, TaskItem, TieredBlockStore,
 };
 
 const GEO: Geometry = Geometry {
@@ -747,4 +747,158 @@ fn a_panicking_worker_fails_its_task_and_goes_on() {
     let t = st.load(items(GEO, &[2], &dst, 0..4)).unwrap();
     assert!(all_ok(&within(20, "second load", move || t.wait())));
     check_kv(&dev, GEO, &[2], &dst);
+}
+
+/// A store of one-shard blocks, `slots` pool slots in one bucket, a disk
+/// tier whose GC (run by hand) keeps `keep` of more than `high` blocks.
+fn small_store(
+    dev: &Arc<HostDevice>,
+    dir: &std::path::Path,
+    slots: usize,
+    high: u64,
+    keep: u64,
+) -> TieredBlockStore<HostDevice> {
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: 4096,
+        slots,
+        ways: slots,
+        mode: PoolMode::Private,
+        load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    let mut dcfg = DiskConfig::new(dir, geo, high);
+    dcfg.low_watermark = keep;
+    dcfg.gc_every = 1 << 16;
+    let disk = DiskTier::open(dcfg, engine).unwrap();
+    TieredBlockStore::new(Arc::clone(dev), pool, disk, BlockStoreConfig::default()).unwrap()
+}
+
+fn dump_one_shard(
+    st: &TieredBlockStore<HostDevice>,
+    src: &Memory,
+    all: &[u64],
+    which: &[u64],
+    retain: Retain,
+) {
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let t = st
+        .dump_retained(items_of(geo, all, which, src, 0..1), None, retain)
+        .unwrap();
+    assert!(t
+        .wait_durable()
+        .iter()
+        .all(|(_, d)| *d == Durability::Durable));
+}
+
+#[test]
+fn low_retention_blocks_leave_the_disk_first_unless_a_touch_promoted_them() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = small_store(&dev, dir.path(), 64, 1 << 20, 1 << 19);
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let all: Vec<u64> = (0..8).collect();
+    let src = device_kv(&dev, geo, &all);
+    // The low blocks are written after the normal ones: by write time
+    // alone they would be the youngest, and GC would keep them.
+    dump_one_shard(&st, &src, &all, &[0, 1, 2, 3], Retain::Normal);
+    dump_one_shard(&st, &src, &all, &[6], Retain::Low(1));
+    dump_one_shard(&st, &src, &all, &[4, 5, 7], Retain::Low(0));
+    // A use promotes block 5.
+    st.touch(&[id(5)]);
+    drop(st);
+    // The same directory under a capacity of 7 blocks, GC down to 6.
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    let mut dcfg = DiskConfig::new(dir.path(), geo, 7);
+    dcfg.low_watermark = 6;
+    let disk = DiskTier::open(dcfg, engine).unwrap();
+    let r = disk.gc();
+    assert_eq!(r.deleted, 2, "{r:?}");
+    let on_disk = disk.lookup(&all.iter().map(|&b| id(b)).collect::<Vec<_>>());
+    assert_eq!(
+        on_disk,
+        [true, true, true, true, false, true, true, false],
+        "the level-0 blocks not touched go first; the level-1 block, normal ones and the \
+         touched one stay"
+    );
+}
+
+#[test]
+fn low_retention_slots_are_clock_victims_before_used_ones() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = small_store(&dev, dir.path(), 8, 1 << 20, 1 << 19);
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let all: Vec<u64> = (0..10).collect();
+    let src = device_kv(&dev, geo, &all);
+    dump_one_shard(&st, &src, &all, &[0, 1, 2, 3], Retain::Normal);
+    dump_one_shard(&st, &src, &all, &[4, 5, 6, 7], Retain::Low(0));
+    // Two more blocks need two slots of the full pool.
+    dump_one_shard(&st, &src, &all, &[8, 9], Retain::Normal);
+    let in_pool: Vec<bool> = all
+        .iter()
+        .map(|&b| st.pool().contains(&(id(b), 0)))
+        .collect();
+    assert!(
+        in_pool[..4].iter().all(|&x| x),
+        "normal slots kept: {in_pool:?}"
+    );
+    assert!(in_pool[8] && in_pool[9], "{in_pool:?}");
+    assert_eq!(
+        in_pool[4..8].iter().filter(|&&x| !x).count(),
+        2,
+        "two low slots went: {in_pool:?}"
+    );
+}
+
+#[test]
+fn a_task_naming_one_block_and_shard_twice_is_refused_not_hung() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = Arc::new(store(
+        &dev,
+        dir.path(),
+        GEO,
+        64,
+        BlockStoreConfig::default(),
+    ));
+    let src = device_kv(&dev, GEO, &[1, 2]);
+    let mut twice = items(GEO, &[1], &src, 0..1);
+    twice.extend(items_of(GEO, &[1, 2], &[1], &src, 0..1));
+    for dump in [true, false] {
+        // Accepted, such a task used to hang its waiters for good.
+        let r = within(20, "a task with a duplicated item", {
+            let st = Arc::clone(&st);
+            let twice = twice.clone();
+            move || {
+                let t = if dump {
+                    st.dump(twice, None)
+                } else {
+                    st.load(twice)
+                };
+                t.map(|t| t.wait().len())
+            }
+        });
+        match r {
+            Err(StoreError::DuplicateItem { shard: 0, .. }) => {}
+            other => panic!("dump {dump}: {other:?}"),
+        }
+    }
+    // The same block on two shards is no duplicate.
+    let t = st.dump(items(GEO, &[1], &src, 0..2), None).unwrap();
+    assert!(all_ok(&t.wait()));
 }

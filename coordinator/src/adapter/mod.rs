@@ -24,7 +24,9 @@ pub mod stores;
 pub mod units;
 pub mod worker;
 
-pub use scheduler::{Allocation, ConnectorMeta, EngineRequest, ReqMeta, Scheduled, Scheduler};
+pub use scheduler::{
+    Allocation, ConnectorMeta, EngineRequest, ReqMeta, Scheduled, Scheduler, StateSave,
+};
 pub use stores::{GroupCounters, StoreSet, StoreSetConfig};
 pub use units::{Unit, UnitMap};
 pub use worker::{

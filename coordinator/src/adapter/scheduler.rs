@@ -8,15 +8,19 @@
 //! [`Scheduler::build_meta`] with the chunks the step computes; at the end,
 //! [`Scheduler::request_finished`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::ceiling::{HitCeiling, DEFAULT_BOUND};
 use crate::directory::CheckpointDirectory;
 use crate::error::{CoordError, Result};
 use crate::hash::{Deployment, RequestHashes, RequestKeys};
 use crate::resolve::{resolve_positions, Presence};
-use crate::retention::{plan, RecurrenceTracker};
+use crate::retention::{
+    checkpoint_grid, plan, speculative_plan, speculative_spacing, JunctionLog, Priority,
+    RecurrenceTracker,
+};
 use crate::spec::{Kind, SpecTable};
 
 /// A request as the engine sees it.
@@ -71,7 +75,95 @@ pub struct ReqMeta {
     pub save_blocks: Vec<(usize, Range<usize>)>,
     /// Per snapshot group: the position whose state this step ends at, to
     /// save as a checkpoint.
-    pub save_states: Vec<(usize, u64)>,
+    pub save_states: Vec<StateSave>,
+}
+
+impl ReqMeta {
+    /// Checks that everything the request asks of the workers lies within
+    /// its tokens: the load's `p*` and the tokens the engine holds (at most
+    /// `p*`), every saved block range and state position, and its ids
+    /// (every chain or sidecar group's at most one per block of its tokens,
+    /// for each rank; none for other groups). A worker checks this before
+    /// it allocates anything for the request, so that metadata from
+    /// elsewhere (another process, the wire) cannot make it loop or
+    /// allocate past what the request's own tokens bound.
+    pub fn validate(&self, spec: &SpecTable) -> Result<()> {
+        let n = self.tokens.len() as u64;
+        let bad = |why: String| {
+            Err(CoordError::BadRequest(format!(
+                "request `{}`: {why}",
+                self.id
+            )))
+        };
+        if let Some((p, have)) = self.load {
+            if p > n || have > p {
+                return bad(format!(
+                    "load to {p} with {have} tokens held does not lie within its {n} tokens"
+                ));
+            }
+        }
+        if self.hashes.chains.len() > spec.groups().len()
+            || self.hashes.seeds.len() > spec.groups().len()
+        {
+            return bad("ids of more groups than the spec table has".into());
+        }
+        for g in spec.groups() {
+            // A snapshot group's chain is of its hash block, not its grid.
+            let block = spec.block_of(g.index).min(g.hash_block).max(1);
+            let blocks = n.div_ceil(block) as usize;
+            let ranks = self
+                .hashes
+                .chains
+                .get(g.index)
+                .map_or(&[][..], Vec::as_slice);
+            if ranks.iter().any(|ids| ids.len() > blocks) {
+                return bad(format!(
+                    "ids of group `{}` past its {blocks} blocks",
+                    g.name
+                ));
+            }
+        }
+        for (g, range) in &self.save_blocks {
+            let Some(group) = spec.groups().get(*g) else {
+                return bad(format!("group {g} is not in the spec table"));
+            };
+            let blocks = n.div_ceil(spec.block_of(group.index).max(1)) as usize;
+            if range.start > range.end || range.end > blocks {
+                return bad(format!(
+                    "saves blocks {}..{} of group `{}`, past its {blocks} blocks",
+                    range.start, range.end, group.name
+                ));
+            }
+        }
+        for st in &self.save_states {
+            if spec
+                .groups()
+                .get(st.group)
+                .is_none_or(|g| g.kind != Kind::Snapshot)
+            {
+                return bad(format!("group {} is not a snapshot group", st.group));
+            }
+            if st.position > n {
+                return bad(format!(
+                    "saves a state at {} past its {n} tokens",
+                    st.position
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A checkpoint a worker saves in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateSave {
+    /// The snapshot group (spec index).
+    pub group: usize,
+    /// The position (the step ends there).
+    pub position: u64,
+    /// How sure retention is of its reuse: a speculative checkpoint is
+    /// stored to be evicted first.
+    pub priority: Priority,
 }
 
 /// The metadata of one step.
@@ -92,7 +184,8 @@ struct ReqState {
     alloc: Option<Arc<Allocation>>,
     load_pending: bool,
     saved_to: HashMap<usize, usize>,
-    plan: HashMap<usize, BTreeSet<u64>>,
+    plan: HashMap<usize, BTreeMap<u64, Priority>>,
+    ceiling: u64,
 }
 
 /// The position the second-unserved trigger keeps for a shared boundary
@@ -105,7 +198,7 @@ fn servable_boundary(g: &crate::spec::Group, common: u64, b: u64, n: u64) -> u64
     if b < n {
         return b;
     }
-    let grid = crate::spec::lcm(g.block.max(1), common.max(1));
+    let grid = checkpoint_grid(g, common);
     n.saturating_sub(1) / grid * grid
 }
 
@@ -116,6 +209,8 @@ pub struct Scheduler<P: Presence> {
     presence: Arc<P>,
     directory: Arc<CheckpointDirectory>,
     tracker: RecurrenceTracker,
+    junctions: HashMap<usize, JunctionLog>,
+    ceiling: HitCeiling,
     reqs: HashMap<String, ReqState>,
     step: u64,
     fold: bool,
@@ -130,12 +225,15 @@ impl<P: Presence> Scheduler<P> {
         presence: Arc<P>,
         directory: Arc<CheckpointDirectory>,
     ) -> Self {
+        let ceiling = HitCeiling::new(&spec, DEFAULT_BOUND);
         Scheduler {
             spec,
             dep,
             presence,
             directory,
             tracker: RecurrenceTracker::new(4096),
+            junctions: HashMap::new(),
+            ceiling,
             reqs: HashMap::new(),
             step: 0,
             fold: false,
@@ -148,6 +246,74 @@ impl<P: Presence> Scheduler<P> {
     /// trigger, no alignment down to the grid.
     pub fn set_fold_retention(&mut self, on: bool) {
         self.fold = on;
+    }
+
+    /// The predecessor's plan (fold baseline): the prompt's end, where it
+    /// lies on the chain grid.
+    fn fold_plans(&self, n: u64, p_star: u64) -> HashMap<usize, BTreeMap<u64, Priority>> {
+        let grid = self.spec.chain_grid();
+        self.spec
+            .snapshot_groups()
+            .map(|g| {
+                let mut ps = BTreeMap::new();
+                if n % grid == 0 && n > p_star {
+                    ps.insert(n, Priority::Sure);
+                }
+                (g.index, ps)
+            })
+            .collect()
+    }
+
+    /// Retention's plan for a new request of `n` prompt tokens that resumes
+    /// at `p_star`, per snapshot group (module [`crate::retention`]): the
+    /// sure positions (request end, interval, the junction with an earlier
+    /// request when it was not served up to there) and the speculative ones
+    /// at the junction spacing. Observes the request's junctions.
+    fn plans(
+        &mut self,
+        hashes: &RequestHashes,
+        n: u64,
+        p_star: u64,
+    ) -> HashMap<usize, BTreeMap<u64, Priority>> {
+        let spec = Arc::clone(&self.spec);
+        let common = spec.common_grid();
+        let mut plans = HashMap::new();
+        for g in spec.snapshot_groups() {
+            let mut ps: BTreeMap<u64, Priority> = plan(g, common, p_star, n)
+                .into_iter()
+                .map(|p| (p, Priority::Sure))
+                .collect();
+            let Some(policy) = g.retention.as_ref() else {
+                plans.insert(g.index, ps);
+                continue;
+            };
+            let log = self
+                .junctions
+                .entry(g.index)
+                .or_insert_with(|| JunctionLog::new(self.tracker.capacity()));
+            if let Some(ids) = hashes.chains[g.index].first() {
+                let shared = self.tracker.observe(g, common, ids);
+                if shared.diverges {
+                    log.observe(shared.boundary);
+                }
+                if policy.second_unserved && shared.boundary > p_star {
+                    let b = servable_boundary(g, common, shared.boundary, n);
+                    if b > p_star && b <= n {
+                        ps.insert(b, Priority::Sure);
+                    }
+                }
+            }
+            let spacing = speculative_spacing(
+                log.spacing(checkpoint_grid(g, common)),
+                spec.state_bytes_per_position(),
+                spec.kv_bytes_per_token(),
+            );
+            for (p, level) in speculative_plan(g, common, p_star, n, Some(spacing)) {
+                ps.entry(p).or_insert(Priority::Speculative(level));
+            }
+            plans.insert(g.index, ps);
+        }
+        plans
     }
 
     /// Tokens of `req` beyond `num_computed` that the persistent tiers can
@@ -187,29 +353,12 @@ impl<P: Presence> Scheduler<P> {
             (r.l, r.p_star)
         };
         if !self.reqs.contains_key(&req.id) {
-            let mut plans = HashMap::new();
-            let grid = self.spec.chain_grid();
-            for g in self.spec.snapshot_groups().filter(|_| self.fold) {
-                let mut ps = BTreeSet::new();
-                if n as u64 % grid == 0 && n as u64 > p_star {
-                    ps.insert(n as u64);
-                }
-                plans.insert(g.index, ps);
-            }
-            for g in self.spec.snapshot_groups().filter(|_| !self.fold) {
-                let common = self.spec.common_grid();
-                let mut ps: BTreeSet<u64> = plan(g, common, p_star, n as u64).into_iter().collect();
-                if let Some(b) = hashes.chains[g.index]
-                    .first()
-                    .and_then(|ids| self.tracker.observe(g, common, ids, p_star))
-                {
-                    let b = servable_boundary(g, common, b, n as u64);
-                    if b > p_star && b <= n as u64 {
-                        ps.insert(b);
-                    }
-                }
-                plans.insert(g.index, ps);
-            }
+            let plans = if self.fold {
+                self.fold_plans(n as u64, p_star)
+            } else {
+                self.plans(&hashes, n as u64, p_star)
+            };
+            let ceiling = self.ceiling.observe(&hashes, n as u64);
             self.reqs.insert(
                 req.id.clone(),
                 ReqState {
@@ -222,6 +371,7 @@ impl<P: Presence> Scheduler<P> {
                     load_pending: false,
                     saved_to: HashMap::new(),
                     plan: plans,
+                    ceiling,
                 },
             );
         }
@@ -337,7 +487,10 @@ impl<P: Presence> Scheduler<P> {
             let (from, to) = (old.len() as u64, tokens.len() as u64);
             for g in spec.snapshot_groups() {
                 let add = plan(g, common, from, to);
-                st.plan.entry(g.index).or_default().extend(add);
+                let ps = st.plan.entry(g.index).or_default();
+                for p in add {
+                    ps.insert(p, Priority::Sure);
+                }
             }
         }
         st.req.tokens = tokens;
@@ -379,12 +532,18 @@ impl<P: Presence> Scheduler<P> {
                     st.saved_to.insert(g.index, to);
                 }
             }
-            let save_states = st
+            let mut save_states: Vec<StateSave> = st
                 .plan
                 .iter()
-                .filter(|(_, ps)| ps.contains(&c.end))
-                .map(|(g, _)| (*g, c.end))
+                .filter_map(|(g, ps)| {
+                    ps.get(&c.end).map(|&priority| StateSave {
+                        group: *g,
+                        position: c.end,
+                        priority,
+                    })
+                })
                 .collect();
+            save_states.sort_by_key(|s| s.group);
             requests.push(ReqMeta {
                 id: c.req.clone(),
                 tokens: Arc::clone(&st.req.tokens),
@@ -401,6 +560,12 @@ impl<P: Presence> Scheduler<P> {
         }))
     }
 
+    /// The hit ceiling of a request: the prompt tokens unlimited capacity
+    /// would have served it (module [`crate::ceiling`]).
+    pub fn ceiling(&self, req_id: &str) -> Option<u64> {
+        self.reqs.get(req_id).map(|st| st.ceiling)
+    }
+
     /// The last resolution of a request: `(l, p*)`.
     pub fn resolution(&self, req_id: &str) -> Option<(u64, u64)> {
         self.reqs.get(req_id).map(|st| (st.l, st.p_star))
@@ -412,22 +577,22 @@ impl<P: Presence> Scheduler<P> {
         let mut all: BTreeSet<u64> = BTreeSet::new();
         if let Some(st) = self.reqs.get(req_id) {
             for ps in st.plan.values() {
-                all.extend(ps.iter().copied());
+                all.extend(ps.keys().copied());
             }
         }
         all.into_iter().collect()
     }
 
     /// Retention's plan of a request per snapshot group: `(group index,
-    /// position)` pairs, ascending by group then position.
-    pub fn checkpoint_plan(&self, req_id: &str) -> Vec<(usize, u64)> {
-        let mut out: Vec<(usize, u64)> = self
+    /// position, priority)`, ascending by group then position.
+    pub fn checkpoint_plan(&self, req_id: &str) -> Vec<(usize, u64, Priority)> {
+        let mut out: Vec<(usize, u64, Priority)> = self
             .reqs
             .get(req_id)
             .map(|st| {
                 st.plan
                     .iter()
-                    .flat_map(|(g, ps)| ps.iter().map(move |p| (*g, *p)))
+                    .flat_map(|(g, ps)| ps.iter().map(move |(p, pr)| (*g, *p, *pr)))
                     .collect()
             })
             .unwrap_or_default();

@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use ucm_device::{Device, Memory};
 use ucm_store::{
-    BlockStore, Durability, Failure, FailureKind, ItemOutcome, SnapshotKey, SnapshotStore,
+    BlockStore, Durability, Failure, FailureKind, ItemOutcome, Retain, SnapshotKey, SnapshotStore,
     StateItem, TaskHandle, TaskItem,
 };
 
@@ -46,6 +46,7 @@ use super::units::{Unit, UnitMap};
 use crate::directory::CheckpointDirectory;
 use crate::error::{CoordError, Result};
 use crate::hash::{checkpoint_hash, Id};
+use crate::retention::Priority;
 use crate::spec::{Kind, SpecTable};
 
 /// One layer's tensor in the engine, as `register_kv_caches` gives it.
@@ -251,6 +252,12 @@ impl<D: Device> Worker<D> {
         dev: Arc<D>,
         cfg: WorkerConfig,
     ) -> Result<Self> {
+        if cfg.stage.start > cfg.stage.end {
+            return Err(CoordError::BadRequest(format!(
+                "pipeline stage {}..{} ends before it starts",
+                cfg.stage.start, cfg.stage.end
+            )));
+        }
         if cfg.rank >= cfg.tp_size {
             return Err(CoordError::BadRequest(format!(
                 "rank {} of a TP size of {}",
@@ -428,6 +435,9 @@ impl<D: Device> Worker<D> {
 
     /// Starts a step: loads begin for the first `lookahead` units.
     pub fn start_load_kv(&mut self, meta: Arc<ConnectorMeta>) -> Result<()> {
+        for r in &meta.requests {
+            r.validate(&self.spec)?;
+        }
         if self.step.is_some() {
             self.wait_for_save()?;
         }
@@ -626,6 +636,17 @@ impl<D: Device> Worker<D> {
 
     fn stage_index(&self, layer: u32) -> Result<Option<(usize, Unit)>> {
         let Some(u) = self.units.unit_of(layer) else {
+            if !self.spec.groups().iter().any(|g| g.layers.contains(&layer)) {
+                return Err(CoordError::BadRequest(format!(
+                    "layer {layer} is not a layer of the spec table"
+                )));
+            }
+            if !self.cfg.stage.contains(&layer) {
+                return Err(CoordError::BadRequest(format!(
+                    "layer {layer} is not in this worker's stage {:?}",
+                    self.cfg.stage
+                )));
+            }
             return Ok(None); // a `none` layer: nothing to load or save
         };
         match self.stage.iter().position(|s| s.global == u.global) {
@@ -902,7 +923,8 @@ impl<D: Device> Worker<D> {
                     });
                 }
                 Kind::Snapshot => {
-                    for &(gi, pos) in r.save_states.iter().filter(|(gi, _)| *gi == u.group) {
+                    for save in r.save_states.iter().filter(|s| s.group == u.group) {
+                        let (gi, pos) = (save.group, save.position);
                         let keyed = reg.as_ref().map_err(Clone::clone).and_then(|reg| {
                             self.state_item(&u, r, pos, reg)
                                 .map_err(|e| not_submitted(&e))
@@ -910,8 +932,14 @@ impl<D: Device> Worker<D> {
                         let hash = keyed.as_ref().map_or([0; 16], |(k, _)| k.hash);
                         let task = keyed.and_then(|(key, item)| {
                             let store = self.stores.snapshots(gi).ok_or_else(no_store)?;
+                            // A speculative checkpoint is kept at the lower
+                            // priority: evicted first until a request uses it.
+                            let retain = match save.priority {
+                                Priority::Sure => Retain::Normal,
+                                Priority::Speculative(level) => Retain::Low(level),
+                            };
                             store
-                                .put(&key, vec![item], event.clone())
+                                .put_retained(&key, vec![item], event.clone(), retain)
                                 .map_err(|e| Failure::from_store(&e, "state save submit"))
                         });
                         saves.push(Save {
