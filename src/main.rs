@@ -58,6 +58,22 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// Remove what killed runs left behind: `--stale` removes the scratch
+    /// stores (`ucm-<kind>.<writer>.<n>`) of `replay`, `explain` and the
+    /// benches whose writer process is gone, in `--dir`.
+    Gc(GcArgs),
+}
+
+#[derive(Args)]
+struct GcArgs {
+    /// Remove the scratch stores of dead processes of this host (a run
+    /// killed with SIGKILL cannot remove its own).
+    #[arg(long)]
+    stale: bool,
+    /// Where to look (default: /dev/shm when present, else the system temp
+    /// directory: where the CLI puts its scratch stores).
+    #[arg(long)]
+    dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -92,26 +108,40 @@ struct ReplayArgs {
     #[arg(long, default_value_t = 0.0)]
     faults: f64,
     /// Modes to run: `ucm,recompute,fold` (default) on a workload; with
-    /// `--trace` also `vllm,sglang,lmcache` (default: all six).
+    /// `--trace` also `vllm,sglang,lmcache,marconi` (default: all seven).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<String>>,
     /// Replay a public trace (Mooncake format) instead of a workload, in
-    /// the capacity-only mode (no bytes moved), over an engine-capacity
-    /// sweep.
+    /// the capacity-only mode (no bytes moved), over a capacity sweep
+    /// (default: `--capacity-sweep auto`).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// With `--trace`: the engine prefix-cache capacities, in tokens of K/V.
+    /// With `--trace`: sweep the cache's capacity, the same for every mode
+    /// (tokens of K/V, or `auto`: 1%, 3%, 10%, 30%, 100% and 200% of the
+    /// trace's working set). An offload mode (ucm, lmcache, marconi, fold)
+    /// keeps it on disk, a tenth of it also in memory, below an engine
+    /// cache of `--engine-capacity` (default 0: every mode then holds the
+    /// same capacity); vllm and sglang get an engine cache of
+    /// `--engine-capacity` plus it.
+    #[arg(long)]
+    capacity_sweep: Option<String>,
+    /// With `--trace`: sweep the engine prefix-cache capacity instead, in
+    /// tokens of K/V, below fixed tiers (`--pool-capacity`,
+    /// `--disk-capacity`).
     #[arg(long)]
     sweep: Option<String>,
-    /// With `--trace`: one engine prefix-cache capacity (tokens); the same
-    /// as a sweep of one.
+    /// With `--trace`: the engine prefix-cache capacity (tokens). Alone, an
+    /// engine sweep of one; with `--capacity-sweep`, the engine cache in
+    /// front of every point.
     #[arg(long)]
     engine_capacity: Option<String>,
-    /// With `--trace`: UCM's (and LMCache's) memory tier, in tokens of K/V.
-    #[arg(long, default_value = "1e7")]
+    /// With `--trace --sweep`: the offload modes' memory tier, in tokens
+    /// of K/V.
+    #[arg(long, default_value = DEFAULT_POOL_CAPACITY)]
     pool_capacity: String,
-    /// With `--trace`: UCM's (and LMCache's) disk tier, in tokens of K/V.
-    #[arg(long, default_value = "1e8")]
+    /// With `--trace --sweep`: the offload modes' disk tier, in tokens of
+    /// K/V.
+    #[arg(long, default_value = DEFAULT_DISK_CAPACITY)]
     disk_capacity: String,
     /// With `--trace`: only the first N requests.
     #[arg(long)]
@@ -454,6 +484,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Info { json, dir } => info(json, dir),
+        Cmd::Gc(args) => gc(args),
         Cmd::Explain(args) => explain(args),
         Cmd::Trace(args) => trace(args),
         Cmd::Replay(args) => replay(*args),
@@ -669,6 +700,22 @@ fn explain(a: ExplainArgs) -> Result<(), String> {
     Ok(())
 }
 
+fn gc(a: GcArgs) -> Result<(), String> {
+    if !a.stale {
+        return Err("say what to remove: --stale (the scratch stores of killed runs)".into());
+    }
+    let dir = a.dir.unwrap_or_else(default_scratch_parent);
+    if !dir.is_dir() {
+        return Err(format!("{}: not a directory", dir.display()));
+    }
+    let removed = ucm::scratch::clear_stale(&dir);
+    println!(
+        "removed {removed} scratch stores of dead processes in {}",
+        dir.display()
+    );
+    Ok(())
+}
+
 /// Where the replay's stores go by default: /dev/shm when present.
 fn default_scratch_parent() -> PathBuf {
     let shm = PathBuf::from("/dev/shm");
@@ -759,6 +806,14 @@ fn parse_modes<M: clap::ValueEnum>(
         .collect()
 }
 
+/// The offload tiers of an engine sweep, by default (tokens of K/V).
+const DEFAULT_POOL_CAPACITY: &str = "1e7";
+const DEFAULT_DISK_CAPACITY: &str = "1e8";
+/// The engine cache in front of the offload modes in a capacity sweep
+/// (tokens of K/V): none, so that every mode holds the same capacity and
+/// the sweep compares policies.
+const DEFAULT_SWEEP_ENGINE: u64 = 0;
+
 fn one_capacity(flag: &str, v: &str) -> Result<u64, String> {
     match ucm::replay::trace::parse_capacities(v).map_err(|e| format!("{flag}: {e}"))?[..] {
         [c] => Ok(c),
@@ -780,14 +835,53 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     if a.instances != 1 {
         return Err("--instances applies to workload replays, not to --trace".into());
     }
-    let caps = match (&a.sweep, &a.engine_capacity) {
-        (Some(_), Some(_)) => return Err("give --sweep or --engine-capacity, not both".into()),
-        (Some(s), None) => trace::parse_capacities(s).map_err(|e| format!("--sweep: {e}"))?,
-        (None, Some(c)) => vec![one_capacity("--engine-capacity", c)?],
-        (None, None) => trace::parse_capacities("1e4,1e5,1e6,1e7,1e8").unwrap_or_default(),
+    // The sweep: its kind, its points (None: `auto`, set from the trace),
+    // and the engine cache of a capacity sweep.
+    let (kind, caps, engine) = match (&a.capacity_sweep, &a.sweep, &a.engine_capacity) {
+        (Some(_), Some(_), _) => return Err("give --capacity-sweep or --sweep, not both".into()),
+        (None, Some(_), Some(_)) => {
+            return Err("give --sweep or --engine-capacity, not both".into())
+        }
+        (None, Some(s), None) => (
+            sim::SweepKind::Engine,
+            Some(trace::parse_capacities(s).map_err(|e| format!("--sweep: {e}"))?),
+            0,
+        ),
+        (None, None, Some(c)) => (
+            sim::SweepKind::Engine,
+            Some(vec![one_capacity("--engine-capacity", c)?]),
+            0,
+        ),
+        (cs, None, e) => {
+            let caps = match cs.as_deref() {
+                None | Some("auto") => None,
+                Some(s) => {
+                    Some(trace::parse_capacities(s).map_err(|e| format!("--capacity-sweep: {e}"))?)
+                }
+            };
+            // In front of a capacity sweep the engine may hold nothing
+            // (0: every mode's hits then come from its own policy alone).
+            let engine = match e.as_deref() {
+                Some("0") => 0,
+                Some(c) => one_capacity("--engine-capacity", c)?,
+                None => DEFAULT_SWEEP_ENGINE,
+            };
+            (sim::SweepKind::Cache, caps, engine)
+        }
     };
-    let modes =
-        parse_modes::<SimMode>(a.modes.as_deref(), "ucm,vllm,sglang,lmcache,fold,recompute")?;
+    if kind == sim::SweepKind::Cache
+        && (a.pool_capacity != DEFAULT_POOL_CAPACITY || a.disk_capacity != DEFAULT_DISK_CAPACITY)
+    {
+        return Err(
+            "--pool-capacity and --disk-capacity set the tiers of an engine sweep (--sweep); a \
+             capacity sweep sets them from its points"
+                .into(),
+        );
+    }
+    let modes = parse_modes::<SimMode>(
+        a.modes.as_deref(),
+        "ucm,vllm,sglang,lmcache,marconi,fold,recompute",
+    )?;
     for (name, v) in [
         ("--pool-gib-s", a.pool_gib_s),
         ("--disk-gib-s", a.disk_gib_s),
@@ -818,28 +912,52 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     if let Some(n) = a.limit {
         t.truncate(n);
     }
-    eprintln!(
-        "ucm replay: {} requests of {}; {} modes x {} engine capacities, capacity-only (no bytes moved)",
-        t.len(),
-        file.display(),
-        modes.len(),
-        caps.len()
-    );
     if a.bytes {
         return sample(&a, &t, &model, &cfg);
     }
+    let caps = match caps {
+        Some(c) => c,
+        None => {
+            let ws = trace::working_set_tokens(&t);
+            eprintln!(
+                "ucm replay: the trace's working set is {ws} tokens; capacities at 1%, 3%, 10%, \
+                 30%, 100% and 200% of it"
+            );
+            [0.01, 0.03, 0.1, 0.3, 1.0, 2.0]
+                .iter()
+                .map(|f| ((ws as f64 * f) as u64).max(1))
+                .collect()
+        }
+    };
+    eprintln!(
+        "ucm replay: {} requests of {}; {} modes x {} {} capacities, capacity-only (no bytes moved)",
+        t.len(),
+        file.display(),
+        modes.len(),
+        caps.len(),
+        match kind {
+            sim::SweepKind::Engine => "engine",
+            sim::SweepKind::Cache => "cache",
+        }
+    );
     let summary = trace::summarize(&t, &caps, |l| eprintln!("ucm replay: trace {l}"));
     let progress = |l: &str| {
         let mut e = std::io::stderr();
         let _ = writeln!(e, "ucm replay: {l}");
     };
-    let points =
-        sim::sweep(&t, &model, &modes, &caps, &cfg, &progress).map_err(|e| e.to_string())?;
+    let sw = sim::Sweep {
+        kind,
+        points: caps,
+        engine_tokens: engine,
+    };
+    let points = sim::sweep(&t, &model, &modes, &sw, &cfg, &progress).map_err(|e| e.to_string())?;
     let rep = report::SimReport {
         kind: "capacity-only",
         trace: file.display().to_string(),
         spec: a.spec.display().to_string(),
         kv_bytes_per_token: model.kv_bytes_per_token,
+        sweep: kind,
+        engine_tokens: engine,
         config: cfg,
         summary,
         points,

@@ -90,13 +90,31 @@ fn vllm_keeps_states_only_at_prompt_ends_so_a_diverging_prefix_misses() {
 }
 
 #[test]
-fn ucm_keeps_a_state_at_the_second_unserved_occurrence_of_a_prefix() {
-    // B is the second unserved request over [0, 1024): UCM keeps a state
-    // there, and C hits it; the engine's cache in front serves nothing.
+fn ucm_serves_the_second_occurrence_of_a_diverging_prefix() {
+    // A keeps speculative states along its prompt (no junction seen yet:
+    // every grid point, 128): B, the second occurrence of [0, 1024), hits
+    // the one at 1024, and so does C.
     assert_eq!(
         served(SimMode::Ucm, 1 << 20, &cfg(), &diverging()),
-        [0, 0, 1024]
+        [0, 1024, 1024]
     );
+    // Without speculative states, only the second-unserved trigger: B
+    // keeps a state at the junction and only C hits it.
+    let no_spec = SPEC.replace(
+        "retention = { request_end = true, second_unserved = true }",
+        "retention = { request_end = true, second_unserved = true, speculative = false }",
+    );
+    let m = Model::new(SpecTable::from_toml(&no_spec).unwrap());
+    let mut sim = Sim::new(&m, SimMode::Ucm, 1 << 20, &cfg());
+    let got: Vec<u64> = diverging()
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let r = SimRequest::new(&m, 1, k, t).unwrap();
+            sim.step(&m, &r).unwrap().served
+        })
+        .collect();
+    assert_eq!(got, [0, 0, 1024]);
     // fold keeps a state only where a prompt ended on the grid (1536).
     assert_eq!(
         served(SimMode::Fold, 1 << 20, &cfg(), &diverging()),
@@ -150,13 +168,15 @@ fn a_hit_in_the_engine_cache_is_not_a_load_and_a_small_engine_leaves_it_to_the_t
         assert_eq!(s.loaded.pool + s.loaded.disk, 0);
     }
     // An engine cache smaller than one block keeps nothing: UCM serves the
-    // third request from its memory tier (the second-unserved state at
-    // 896), loading the K/V of [0, 896) and the state: 896 x 128 B + 8 KiB.
+    // repeats from its memory tier (the first request's speculative state
+    // at its last servable point, 896), loading the K/V of [0, 896) and
+    // the state: 896 x 128 B + 8 KiB.
     let small = run(64);
-    assert_eq!((small[1].served, small[1].engine), (0, 0));
-    assert_eq!((small[2].served, small[2].engine), (896, 0));
-    assert_eq!(small[2].loaded.pool, 896 * 128 + 8192);
-    assert_eq!(small[2].loaded.disk, 0);
+    for s in &small[1..] {
+        assert_eq!((s.served, s.engine), (896, 0));
+        assert_eq!(s.loaded.pool, 896 * 128 + 8192);
+        assert_eq!(s.loaded.disk, 0);
+    }
     assert_eq!(served(SimMode::Vllm, 64, &cfg(), &again), [0, 0, 0]);
 }
 
@@ -208,13 +228,12 @@ fn tiers_too_small_for_a_prompt_serve_nothing_and_big_ones_serve_everything() {
         .all(|&s| s == 0));
     // Tiers that hold the prompt. LMCache's chunk states serve a repeat
     // from the second request on (1792: the last 256-token boundary below
-    // P-1). UCM keeps a state at request end (2048, which a repeat cannot
-    // use) and, at the second unserved occurrence, at the repeat's last
-    // servable grid point (1920): the third request on hits there.
+    // P-1). UCM keeps a speculative state at the prompt's last servable
+    // grid point (1920): the second request on hits there.
     let ucm = served(SimMode::Ucm, 0, &cfg(), &trace);
     let lm = served(SimMode::Lmcache, 0, &cfg(), &trace);
     assert_eq!(lm, [0, 1792, 1792, 1792, 1792, 1792]);
-    assert_eq!(ucm, [0, 0, 1920, 1920, 1920, 1920]);
+    assert_eq!(ucm, [0, 1920, 1920, 1920, 1920, 1920]);
     // Tiers of 1.5 prompts: UCM (K/V and two states per prompt) still
     // holds the one prompt.
     let tight = SimConfig {
@@ -224,7 +243,7 @@ fn tiers_too_small_for_a_prompt_serve_nothing_and_big_ones_serve_everything() {
     };
     assert_eq!(
         served(SimMode::Ucm, 0, &tight, &trace),
-        [0, 0, 1920, 1920, 1920, 1920]
+        [0, 1920, 1920, 1920, 1920, 1920]
     );
 }
 
@@ -273,8 +292,8 @@ fn ucm() -> Command {
 
 #[test]
 fn the_cli_replays_a_sample_of_the_shared_trace_in_every_mode() {
-    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data/mooncake/synthetic_trace.jsonl");
+    let file =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/mooncake/synthetic_trace.jsonl");
     let svg = tempfile::NamedTempFile::new().unwrap();
     let out = ucm()
         .args(["replay", "--trace"])
@@ -291,8 +310,8 @@ fn the_cli_replays_a_sample_of_the_shared_trace_in_every_mode() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["kind"], "capacity-only");
     let points = v["points"].as_array().unwrap();
-    // Five modes at two capacities, recompute once.
-    assert_eq!(points.len(), 11);
+    // Six modes at two capacities, recompute once.
+    assert_eq!(points.len(), 13);
     let ideal = v["summary"]["ideal_hit_rate"].as_f64().unwrap();
     for p in points {
         let h = p["hit_rate"].as_f64().unwrap();
@@ -304,16 +323,85 @@ fn the_cli_replays_a_sample_of_the_shared_trace_in_every_mode() {
 }
 
 #[test]
+fn the_default_sweep_gives_every_mode_the_same_capacity_and_a_ceiling_above_each() {
+    let file =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/mooncake/synthetic_trace.jsonl");
+    let out = ucm()
+        .args(["replay", "--trace"])
+        .arg(&file)
+        .args(["--limit", "200", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["sweep"], "cache");
+    let points = v["points"].as_array().unwrap();
+    // Seven modes at six capacities (1% to 200% of the working set),
+    // recompute once.
+    assert_eq!(points.len(), 6 * 6 + 1);
+    let caps: std::collections::BTreeSet<u64> = points
+        .iter()
+        .map(|p| p["capacity_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(caps.len(), 6);
+    for p in points {
+        let mode = p["mode"].as_str().unwrap();
+        let c = p["capacity_tokens"].as_u64().unwrap();
+        let (e, d) = (
+            p["engine_tokens"].as_u64().unwrap(),
+            p["disk_tokens"].as_u64().unwrap(),
+        );
+        match mode {
+            "ucm" | "lmcache" | "marconi" | "fold" => {
+                assert_eq!((e, d), (0, c), "{p}");
+                assert_eq!(p["pool_tokens"].as_u64().unwrap(), c / 10, "{p}");
+            }
+            "vllm" | "sglang" => assert_eq!((e, d), (c, 0), "{p}"),
+            _ => {}
+        }
+        // No mode serves more than unlimited capacity would have.
+        let (h, ceil) = (
+            p["hit_rate"].as_f64().unwrap(),
+            p["ceiling_hit_rate"].as_f64().unwrap(),
+        );
+        assert!(h <= ceil + 1e-9, "{p}");
+        assert_eq!(p["marconi_alpha"].is_number(), mode == "marconi", "{p}");
+    }
+    let ceilings: std::collections::BTreeSet<String> = points
+        .iter()
+        .map(|p| format!("{:.9}", p["ceiling_hit_rate"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(ceilings.len(), 1, "the ceiling does not depend on the mode");
+}
+
+#[test]
 fn the_cli_refuses_bad_trace_options() {
-    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data/mooncake/synthetic_trace.jsonl");
+    let file =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/mooncake/synthetic_trace.jsonl");
     for (args, want) in [
         (vec!["--modes", "vllm,nope"], "is not one of"),
         (
             vec!["--sweep", "1e4", "--engine-capacity", "1e5"],
             "not both",
         ),
-        (vec!["--pool-capacity", "1e4,1e5"], "one capacity"),
+        (
+            vec!["--sweep", "1e5", "--pool-capacity", "1e4,1e5"],
+            "one capacity",
+        ),
+        (
+            vec!["--pool-capacity", "1e4"],
+            "set the tiers of an engine sweep",
+        ),
+        (
+            vec!["--capacity-sweep", "1e5", "--sweep", "1e5"],
+            "not both",
+        ),
+        (vec!["--capacity-sweep", "0"], "whole number"),
+        (vec!["--capacity-sweep", "abc"], "not a number"),
         (vec!["--disk-gib-s", "0"], "positive bandwidth"),
     ] {
         let out = ucm()

@@ -14,6 +14,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::coordinator::hash::Id;
+#[allow(unused_imports)] // named in docs
+use crate::coordinator::retention::SpeculativeBudget;
+use crate::coordinator::retention::MAX_LEVEL;
 
 /// One cached unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,12 +124,259 @@ impl ByteLru {
         }
     }
 
+    /// Removes `u`; returns its bytes if it was held.
+    pub fn remove(&mut self, u: &Unit) -> Option<u64> {
+        let (_, b) = self.map.remove(u)?;
+        self.held -= b;
+        self.compact();
+        Some(b)
+    }
+
+    /// Removes and returns the least recent unit with its bytes.
+    pub fn pop_oldest(&mut self) -> Option<(Unit, u64)> {
+        while let Some((stamp, v)) = self.queue.pop_front() {
+            if self.map.get(&v).is_some_and(|e| e.0 == stamp) {
+                let (_, b) = self.map.remove(&v)?;
+                self.held -= b;
+                return Some((v, b));
+            }
+        }
+        None
+    }
+
     /// Drops stale queue entries once they outnumber the live ones.
     fn compact(&mut self) {
         if self.queue.len() > 2 * self.map.len() + 1024 {
             let map = &self.map;
             self.queue
                 .retain(|(stamp, u)| map.get(u).is_some_and(|e| e.0 == *stamp));
+        }
+    }
+}
+
+/// A byte-bounded cache of two priorities (retention's
+/// [`Priority`](crate::coordinator::retention::Priority)): sure units
+/// (K/V blocks, sure checkpoints) and speculative checkpoints by level,
+/// Once the bytes held pass the capacity, it evicts down to the low
+/// watermark: while speculative units hold more than their share of the
+/// capacity (the [`SpeculativeBudget`]), speculative units, the lowest
+/// level first and the least recent within a level; otherwise sure units,
+/// the least recent first (as ARC keeps each of its lists to its target).
+/// A speculative unit that a request loads is promoted to sure.
+#[derive(Debug)]
+pub struct PriorityCache {
+    capacity: u64,
+    low: u64,
+    sure: ByteLru,
+    /// Speculative units, one recency list per level.
+    spec: Vec<ByteLru>,
+    spec_held: u64,
+    /// Of the capacity, the share speculative units may keep before sure
+    /// ones are evicted (retention's [`SpeculativeBudget`]); beyond it
+    /// they go first.
+    share: f64,
+    /// Units evicted so far.
+    pub evicted: u64,
+    /// Speculative units promoted so far.
+    pub promoted: u64,
+}
+
+impl PriorityCache {
+    /// Holds at most `capacity` bytes; once above it, evicts down to
+    /// `low_fraction` of it.
+    pub fn new(capacity: u64, low_fraction: f64) -> Self {
+        let low = (capacity as f64 * low_fraction.clamp(0.0, 1.0)) as u64;
+        PriorityCache {
+            capacity,
+            low: low.min(capacity),
+            sure: ByteLru::new(u64::MAX, 1.0),
+            spec: (0..=MAX_LEVEL)
+                .map(|_| ByteLru::new(u64::MAX, 1.0))
+                .collect(),
+            spec_held: 0,
+            share: 0.0,
+            evicted: 0,
+            promoted: 0,
+        }
+    }
+
+    /// Sets the share of the capacity speculative units may keep (0: they
+    /// are always evicted first; 1: sure units are, while any is left).
+    pub fn set_speculative_share(&mut self, share: f64) {
+        self.share = share.clamp(0.0, 1.0);
+    }
+
+    /// Bytes held.
+    pub fn held(&self) -> u64 {
+        self.sure.held() + self.spec_held
+    }
+
+    /// Bytes of speculative units held.
+    pub fn speculative_held(&self) -> u64 {
+        self.spec_held
+    }
+
+    fn spec_level(&self, u: &Unit) -> Option<usize> {
+        self.spec.iter().position(|l| l.contains(u))
+    }
+
+    /// Is `u` held (at either priority)?
+    pub fn contains(&self, u: &Unit) -> bool {
+        self.sure.contains(u) || self.spec_level(u).is_some()
+    }
+
+    fn take_spec(&mut self, u: &Unit) -> Option<u64> {
+        let level = self.spec_level(u)?;
+        let b = self.spec[level].remove(u)?;
+        self.spec_held -= b;
+        Some(b)
+    }
+
+    /// A request used `u`: it becomes the most recent, and sure if it was
+    /// speculative. Returns whether it was held.
+    pub fn touch(&mut self, u: &Unit) -> bool {
+        if self.sure.touch(u) {
+            return true;
+        }
+        match self.take_spec(u) {
+            Some(b) => {
+                self.promoted += 1;
+                self.sure.insert(*u, b, |_| {});
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Inserts (or refreshes) `u` of `bytes`, speculative at `level` or
+    /// sure (`None`); units evicted to make room go to `evicted` with
+    /// whether they were speculative. A held unit is refreshed (and raised
+    /// to sure when inserted as sure). A unit larger than the whole
+    /// capacity is not kept.
+    pub fn insert(
+        &mut self,
+        u: Unit,
+        bytes: u64,
+        level: Option<u8>,
+        mut evicted: impl FnMut(Unit, bool),
+    ) {
+        if bytes > self.capacity {
+            return;
+        }
+        if self.sure.touch(&u) {
+            return;
+        }
+        if let Some(held) = self.spec_level(&u) {
+            match level {
+                Some(_) => {
+                    self.spec[held].touch(&u);
+                }
+                None => {
+                    if let Some(b) = self.take_spec(&u) {
+                        self.sure.insert(u, b, |_| {});
+                    }
+                }
+            }
+            return;
+        }
+        match level {
+            Some(l) => {
+                let l = usize::from(l.min(MAX_LEVEL));
+                self.spec[l].insert(u, bytes, |_| {});
+                self.spec_held += bytes;
+            }
+            None => self.sure.insert(u, bytes, |_| {}),
+        }
+        if self.held() > self.capacity {
+            let keep = (self.capacity as f64 * self.share) as u64;
+            while self.held() > self.low {
+                let gone = if self.spec_held > keep || self.sure.held() == 0 {
+                    // Over their share: speculative units go, lowest level
+                    // first, the least recent within a level.
+                    self.pop_spec().map(|v| (v, true))
+                } else {
+                    // Within it: sure units go, the least recent first.
+                    self.sure.pop_oldest().map(|(v, _)| (v, false))
+                };
+                let Some((v, was_speculative)) = gone else {
+                    break;
+                };
+                self.evicted += 1;
+                evicted(v, was_speculative);
+            }
+        }
+    }
+
+    /// Evicts the least recent speculative unit of the lowest level held.
+    fn pop_spec(&mut self) -> Option<Unit> {
+        for l in self.spec.iter_mut() {
+            if let Some((v, b)) = l.pop_oldest() {
+                self.spec_held -= b;
+                return Some(v);
+            }
+        }
+        None
+    }
+}
+
+/// Units recently evicted (keys only), up to a byte bound, oldest
+/// forgotten first: what a cache would still hold had it been bigger.
+#[derive(Debug)]
+pub struct Ghosts {
+    bound: u64,
+    bytes: u64,
+    clock: u64,
+    fifo: VecDeque<(u64, Unit)>,
+    set: HashMap<Unit, (u64, u64)>,
+}
+
+impl Ghosts {
+    /// Remembers evicted units of up to `bound` bytes.
+    pub fn new(bound: u64) -> Self {
+        Ghosts {
+            bound,
+            bytes: 0,
+            clock: 0,
+            fifo: VecDeque::new(),
+            set: HashMap::new(),
+        }
+    }
+
+    /// Was `u` evicted recently?
+    pub fn contains(&self, u: &Unit) -> bool {
+        self.set.contains_key(u)
+    }
+
+    /// Records `u` of `bytes` as evicted.
+    pub fn add(&mut self, u: Unit, bytes: u64) {
+        if self.set.contains_key(&u) {
+            return;
+        }
+        self.clock += 1;
+        self.set.insert(u, (self.clock, bytes));
+        self.fifo.push_back((self.clock, u));
+        self.bytes += bytes;
+        while self.bytes > self.bound {
+            let Some((stamp, v)) = self.fifo.pop_front() else {
+                break;
+            };
+            if self.set.get(&v).is_some_and(|e| e.0 == stamp) {
+                if let Some((_, b)) = self.set.remove(&v) {
+                    self.bytes -= b;
+                }
+            }
+        }
+        if self.fifo.len() > 2 * self.set.len() + 1024 {
+            let set = &self.set;
+            self.fifo
+                .retain(|(stamp, v)| set.get(v).is_some_and(|e| e.0 == *stamp));
+        }
+    }
+
+    /// `u` is cached again: no longer a ghost.
+    pub fn remove(&mut self, u: &Unit) {
+        if let Some((_, b)) = self.set.remove(u) {
+            self.bytes -= b;
         }
     }
 }
@@ -189,5 +439,57 @@ mod tests {
         let mut gone = Vec::new();
         c.insert(b(3), 10, |u| gone.push(u));
         assert_eq!(gone, vec![b(2)]);
+    }
+
+    #[test]
+    fn speculative_units_go_first_lowest_level_first_and_a_use_promotes() {
+        let mut c = PriorityCache::new(40, 1.0);
+        let mut gone = Vec::new();
+        c.insert(b(1), 10, None, |u, s| gone.push((u, s)));
+        c.insert(b(2), 10, Some(3), |u, s| gone.push((u, s)));
+        c.insert(b(3), 10, Some(0), |u, s| gone.push((u, s)));
+        c.insert(b(4), 10, Some(0), |u, s| gone.push((u, s)));
+        // A use promotes b(4) to sure.
+        assert!(c.touch(&b(4)));
+        assert_eq!(c.promoted, 1);
+        // Share 0: speculative units go first, the lowest level first,
+        // though b(1) is older.
+        c.insert(b(5), 10, None, |u, s| gone.push((u, s)));
+        assert_eq!(gone, vec![(b(3), true)]);
+        c.insert(b(6), 10, None, |u, s| gone.push((u, s)));
+        assert_eq!(gone[1], (b(2), true));
+        // No speculative unit left: the least recent sure one.
+        c.insert(b(7), 10, None, |u, s| gone.push((u, s)));
+        assert_eq!(gone[2], (b(1), false));
+        assert!(c.contains(&b(4)) && c.contains(&b(7)));
+    }
+
+    #[test]
+    fn within_their_share_speculative_units_stay_and_sure_ones_go() {
+        let mut c = PriorityCache::new(40, 1.0);
+        c.set_speculative_share(0.5);
+        let mut gone = Vec::new();
+        c.insert(b(1), 10, Some(0), |u, s| gone.push((u, s)));
+        c.insert(b(2), 10, None, |u, s| gone.push((u, s)));
+        c.insert(b(3), 10, None, |u, s| gone.push((u, s)));
+        c.insert(b(4), 10, None, |u, s| gone.push((u, s)));
+        c.insert(b(5), 10, None, |u, s| gone.push((u, s)));
+        // 10 speculative bytes within a share of 20: the oldest sure goes.
+        assert_eq!(gone, vec![(b(2), false)]);
+        assert_eq!(c.speculative_held(), 10);
+    }
+
+    #[test]
+    fn ghosts_remember_evicted_units_within_their_bound() {
+        let mut g = Ghosts::new(20);
+        g.add(b(1), 10);
+        g.add(b(2), 10);
+        assert!(g.contains(&b(1)) && g.contains(&b(2)));
+        g.add(b(3), 10);
+        assert!(!g.contains(&b(1)), "the oldest is forgotten past the bound");
+        g.remove(&b(2));
+        assert!(!g.contains(&b(2)));
+        g.add(b(4), 10);
+        assert!(g.contains(&b(3)) && g.contains(&b(4)));
     }
 }

@@ -18,7 +18,7 @@
 use super::cache::Unit;
 use super::tiers::{Loaded, Tiers};
 use super::units::{Held, Model};
-use super::SimRequest;
+use super::{Saved, SimRequest};
 use crate::coordinator::CoordError;
 
 /// LMCache's default chunk size (tokens).
@@ -56,7 +56,7 @@ impl LmCache {
 
     /// The request ended: the prompt's chunks beyond `hit`, with a state at
     /// each chunk boundary. Returns the bytes saved.
-    pub fn finish(&mut self, m: &Model, r: &SimRequest, hit: u64) -> u64 {
+    pub fn finish(&mut self, m: &Model, r: &SimRequest, hit: u64) -> Saved {
         let end = r.prompt_len / self.chunk * self.chunk;
         let mut units: Vec<(u64, Unit)> = m.blocks(&r.hashes, hit, end, false);
         let mut c = hit / self.chunk * self.chunk + self.chunk;
@@ -65,8 +65,8 @@ impl LmCache {
             c += self.chunk;
         }
         units.sort_by_key(|u| u.0);
-        let units: Vec<Unit> = units.into_iter().map(|u| u.1).collect();
+        let units: Vec<(Unit, Option<u8>)> = units.into_iter().map(|u| (u.1, None)).collect();
         self.tiers.store(m, &units, |_| {});
-        units.iter().map(|u| m.bytes(u)).sum()
+        Saved::of(m, units.iter().map(|u| &u.0))
     }
 }

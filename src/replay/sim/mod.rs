@@ -26,6 +26,7 @@
 
 pub mod cache;
 pub mod lmcache;
+pub mod marconi;
 pub mod report;
 pub mod sample;
 pub mod sglang;
@@ -41,6 +42,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::trace::{output_tokens, prompt_tokens, TraceRequest};
+use crate::coordinator::ceiling::HitCeiling;
 use crate::coordinator::{CoordError, Deployment, RequestHashes, RequestKeys};
 use tiers::Loaded;
 use units::Model;
@@ -58,6 +60,9 @@ pub enum SimMode {
     Sglang,
     /// LMCache below a vLLM prefix cache.
     Lmcache,
+    /// Marconi's admission and eviction (MLSys 2025) below a vLLM prefix
+    /// cache.
+    Marconi,
     /// The predecessor's hash folding below a vLLM prefix cache.
     Fold,
     /// No cache.
@@ -66,14 +71,25 @@ pub enum SimMode {
 
 impl SimMode {
     /// Every mode, in report order.
-    pub const ALL: [SimMode; 6] = [
+    pub const ALL: [SimMode; 7] = [
         SimMode::Ucm,
         SimMode::Vllm,
         SimMode::Sglang,
         SimMode::Lmcache,
+        SimMode::Marconi,
         SimMode::Fold,
         SimMode::Recompute,
     ];
+
+    /// Whether the mode is an offload layer below the engine's own cache
+    /// (`ucm`, `lmcache`, `marconi`, `fold`), rather than the engine's
+    /// cache alone.
+    pub fn offloads(self) -> bool {
+        matches!(
+            self,
+            SimMode::Ucm | SimMode::Lmcache | SimMode::Marconi | SimMode::Fold
+        )
+    }
 
     /// Its name in reports.
     pub fn name(self) -> &'static str {
@@ -82,6 +98,7 @@ impl SimMode {
             SimMode::Vllm => "vllm",
             SimMode::Sglang => "sglang",
             SimMode::Lmcache => "lmcache",
+            SimMode::Marconi => "marconi",
             SimMode::Fold => "fold",
             SimMode::Recompute => "recompute",
         }
@@ -109,6 +126,9 @@ pub struct SimConfig {
     pub sglang_chunk: u64,
     /// LMCache's chunk size.
     pub lmcache_chunk: u64,
+    /// Marconi's `alpha`; `None`: bootstrapped on the trace's first
+    /// requests, as the paper does.
+    pub marconi_alpha: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -123,6 +143,7 @@ impl Default for SimConfig {
             decode_retention: true,
             sglang_chunk: sglang::CHUNK,
             lmcache_chunk: lmcache::CHUNK,
+            marconi_alpha: None,
         }
     }
 }
@@ -167,13 +188,21 @@ impl SimRequest {
     }
 }
 
-/// One mode at one engine capacity.
+/// One mode at one point of a sweep.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimPoint {
     /// The mode.
     pub mode: SimMode,
+    /// The sweep's axis at this point, in tokens of K/V: the engine's
+    /// prefix cache ([`SweepKind::Engine`]) or the cache's capacity
+    /// ([`SweepKind::Cache`]).
+    pub capacity_tokens: u64,
     /// The engine's prefix cache, in tokens of K/V.
     pub engine_tokens: u64,
+    /// The offload layer's memory tier (0 for engine-only modes).
+    pub pool_tokens: u64,
+    /// The offload layer's disk tier (0 for engine-only modes).
+    pub disk_tokens: u64,
     /// Requests replayed.
     pub requests: usize,
     /// Prompt tokens.
@@ -184,18 +213,28 @@ pub struct SimPoint {
     pub engine_served: u64,
     /// `served_tokens` over `prompt_tokens`.
     pub hit_rate: f64,
+    /// The hit ceiling: the rate unlimited capacity would have given on
+    /// the same requests (`ucm_coordinator::ceiling`; the same for every
+    /// mode).
+    pub ceiling_hit_rate: f64,
     /// Bytes loaded from the memory tier (full size).
     pub bytes_from_pool: u64,
     /// Bytes loaded from the disk tier (full size).
     pub bytes_from_disk: u64,
     /// Bytes the offload layer saved (full size).
     pub bytes_saved: u64,
+    /// Of those, recurrent states.
+    pub state_bytes_saved: u64,
     /// Mean simulated TTFT (ms).
     pub ttft_mean_ms: f64,
     /// Median simulated TTFT (ms).
     pub ttft_p50_ms: f64,
     /// 90th percentile of the simulated TTFT (ms).
     pub ttft_p90_ms: f64,
+    /// Marconi's `alpha` (the weight of FLOP efficiency against recency),
+    /// as bootstrapped or set; absent for other modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub marconi_alpha: Option<f64>,
     /// Seconds this point took.
     pub seconds: f64,
 }
@@ -210,6 +249,7 @@ enum Offload {
     None,
     Ucm(Box<ucm::UcmTiers>),
     Lm(Box<lmcache::LmCache>),
+    Marconi(Box<marconi::Marconi>),
 }
 
 /// What one request got.
@@ -223,6 +263,32 @@ pub struct Step {
     pub loaded: Loaded,
     /// Bytes the offload layer saved at the request's end.
     pub saved: u64,
+    /// Of those, recurrent states.
+    pub state_saved: u64,
+}
+
+/// Bytes saved at a request's end: all of them, and the states' part.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// Every unit's bytes.
+    pub bytes: u64,
+    /// The states' bytes.
+    pub state_bytes: u64,
+}
+
+impl Saved {
+    /// The bytes of `units` under `m`.
+    pub fn of<'a>(m: &Model, units: impl IntoIterator<Item = &'a cache::Unit>) -> Self {
+        let mut s = Saved::default();
+        for u in units {
+            let b = m.bytes(u);
+            s.bytes += b;
+            if matches!(u, cache::Unit::State { .. }) {
+                s.state_bytes += b;
+            }
+        }
+        s
+    }
 }
 
 /// One mode's caches, fed one request at a time.
@@ -261,6 +327,12 @@ impl Sim {
                 disk,
                 cfg.lmcache_chunk,
             ))),
+            SimMode::Marconi => Offload::Marconi(Box::new(marconi::Marconi::new(
+                m,
+                pool,
+                disk,
+                cfg.marconi_alpha.unwrap_or(0.0),
+            ))),
             _ => Offload::None,
         };
         Sim {
@@ -288,7 +360,7 @@ impl Sim {
         };
         let (tier_hit, loaded) = match &mut self.offload {
             Offload::Ucm(u) => {
-                let h = u.hit(r, k, e)?;
+                let h = u.hit(m, r, k, e)?;
                 let l = if h > e {
                     u.load(m, r, e, h)
                 } else {
@@ -297,6 +369,15 @@ impl Sim {
                 (h, l)
             }
             Offload::Lm(c) => {
+                let h = c.hit(m, r)?;
+                let l = if h > e {
+                    c.load(m, r, e, h)
+                } else {
+                    Loaded::default()
+                };
+                (h, l)
+            }
+            Offload::Marconi(c) => {
                 let h = c.hit(m, r)?;
                 let l = if h > e {
                     c.load(m, r, e, h)
@@ -316,13 +397,15 @@ impl Sim {
         let saved = match &mut self.offload {
             Offload::Ucm(u) => u.finish(m, r, k, tier_hit, served)?,
             Offload::Lm(c) => c.finish(m, r, tier_hit),
-            Offload::None => 0,
+            Offload::Marconi(c) => c.finish(m, r, tier_hit, served)?,
+            Offload::None => Saved::default(),
         };
         Ok(Step {
             served,
             engine: e,
             loaded,
-            saved,
+            saved: saved.bytes,
+            state_saved: saved.state_bytes,
         })
     }
 }
@@ -336,7 +419,8 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// Replays `trace` in `mode` with an engine cache of `engine_tokens`,
-/// reporting progress every 10% of the requests.
+/// reporting progress every 10% of the requests. Marconi without a set
+/// `alpha` first bootstraps it ([`marconi::bootstrap_alpha`]).
 pub fn simulate(
     trace: &[TraceRequest],
     m: &Model,
@@ -346,38 +430,60 @@ pub fn simulate(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<SimPoint, CoordError> {
     let started = Instant::now();
+    let mut cfg = cfg.clone();
+    if mode == SimMode::Marconi && cfg.marconi_alpha.is_none() {
+        let alpha = marconi::bootstrap_alpha(trace, m, engine_tokens, &cfg)?;
+        cfg.marconi_alpha = Some(alpha);
+    }
+    let cfg = &cfg;
     let mut sim = Sim::new(m, mode, engine_tokens, cfg);
+    let (pool_tokens, disk_tokens) = if mode.offloads() {
+        (cfg.pool_tokens, cfg.disk_tokens)
+    } else {
+        (0, 0)
+    };
     let mut p = SimPoint {
         mode,
+        capacity_tokens: engine_tokens,
         engine_tokens,
+        pool_tokens,
+        disk_tokens,
         requests: trace.len(),
         prompt_tokens: 0,
         served_tokens: 0,
         engine_served: 0,
         hit_rate: 0.0,
+        ceiling_hit_rate: 0.0,
         bytes_from_pool: 0,
         bytes_from_disk: 0,
         bytes_saved: 0,
+        state_bytes_saved: 0,
         ttft_mean_ms: 0.0,
         ttft_p50_ms: 0.0,
         ttft_p90_ms: 0.0,
+        marconi_alpha: (mode == SimMode::Marconi).then_some(cfg.marconi_alpha.unwrap_or(0.0)),
         seconds: 0.0,
     };
+    let mut ceiling = HitCeiling::new(&m.spec, usize::MAX);
+    let mut ceiling_tokens = 0u64;
     let mut ttft = Vec::with_capacity(trace.len());
     let gib = (1u64 << 30) as f64;
     let tenth = (trace.len() / 10).max(1);
     for (k, t) in trace.iter().enumerate() {
         p.prompt_tokens += t.input_length;
+        let r = SimRequest::new(m, cfg.seed, k, t)?;
+        ceiling_tokens += ceiling.observe(&r.hashes, r.prompt_len);
         let st = if mode == SimMode::Recompute {
             Step::default()
         } else {
-            sim.step(m, &SimRequest::new(m, cfg.seed, k, t)?)?
+            sim.step(m, &r)?
         };
         p.served_tokens += st.served;
         p.engine_served += st.engine;
         p.bytes_from_pool += st.loaded.pool;
         p.bytes_from_disk += st.loaded.disk;
         p.bytes_saved += st.saved;
+        p.state_bytes_saved += st.state_saved;
         let load_ms = (st.loaded.pool as f64 / (cfg.pool_gib_s * gib)
             + st.loaded.disk as f64 / (cfg.disk_gib_s * gib))
             * 1000.0;
@@ -397,6 +503,7 @@ pub fn simulate(
         }
     }
     p.hit_rate = p.served_tokens as f64 / p.prompt_tokens.max(1) as f64;
+    p.ceiling_hit_rate = ceiling_tokens as f64 / p.prompt_tokens.max(1) as f64;
     p.ttft_mean_ms = ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
     ttft.sort_by(f64::total_cmp);
     p.ttft_p50_ms = percentile(&ttft, 0.5);
@@ -405,21 +512,72 @@ pub fn simulate(
     Ok(p)
 }
 
-/// Every mode at every engine capacity, on the machine's cores; points in
-/// (capacity, mode) order.
+/// What a sweep's axis is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SweepKind {
+    /// The engine's prefix cache; the offload tiers stay as configured
+    /// (`pool_tokens`, `disk_tokens`).
+    Engine,
+    /// The cache's capacity `C`, the same for every mode: an offload mode
+    /// keeps `C` on disk (a tenth of it also in memory, written through)
+    /// below an engine cache of `engine_tokens`; an engine-only mode gets
+    /// an engine cache of `engine_tokens + C`.
+    Cache,
+}
+
+/// The caches of `mode` at point `x` of a sweep of `kind`: its engine
+/// capacity and its configuration (tiers), from `cfg` and
+/// `engine_tokens` (the engine cache of a [`SweepKind::Cache`] sweep).
+pub fn point_caches(
+    kind: SweepKind,
+    x: u64,
+    mode: SimMode,
+    engine_tokens: u64,
+    cfg: &SimConfig,
+) -> (u64, SimConfig) {
+    match kind {
+        SweepKind::Engine => (x, cfg.clone()),
+        SweepKind::Cache if mode.offloads() => (
+            engine_tokens,
+            SimConfig {
+                pool_tokens: x / 10,
+                disk_tokens: x,
+                ..cfg.clone()
+            },
+        ),
+        SweepKind::Cache => (engine_tokens.saturating_add(x), cfg.clone()),
+    }
+}
+
+/// A sweep: what its axis is, its points, and the engine cache in front of
+/// the offload modes of a [`SweepKind::Cache`] sweep.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    /// What the axis is.
+    pub kind: SweepKind,
+    /// The points (tokens of K/V).
+    pub points: Vec<u64>,
+    /// The engine cache of a capacity sweep (tokens).
+    pub engine_tokens: u64,
+}
+
+/// Every mode at every point of `sweep`, on the machine's cores; points in
+/// (x, mode) order.
 pub fn sweep(
     trace: &[TraceRequest],
     m: &Model,
     modes: &[SimMode],
-    capacities: &[u64],
+    sweep: &Sweep,
     cfg: &SimConfig,
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<SimPoint>, CoordError> {
+    let (kind, xs, engine_tokens) = (sweep.kind, &sweep.points[..], sweep.engine_tokens);
     let mut jobs: Vec<(u64, SimMode)> = Vec::new();
-    for &c in capacities {
+    for &c in xs {
         for &mode in modes {
             // Recompute does not depend on the capacity: once.
-            if mode != SimMode::Recompute || c == capacities[0] {
+            if mode != SimMode::Recompute || c == xs[0] {
                 jobs.push((c, mode));
             }
         }
@@ -436,13 +594,18 @@ pub fn sweep(
                 let Some(&(c, mode)) = jobs.get(i) else {
                     break;
                 };
-                let r = simulate(trace, m, mode, c, cfg, progress);
+                let (engine, pcfg) = point_caches(kind, c, mode, engine_tokens, cfg);
+                let r = simulate(trace, m, mode, engine, &pcfg, progress).map(|mut pt| {
+                    pt.capacity_tokens = c;
+                    pt
+                });
                 if let Ok(pt) = &r {
                     progress(&format!(
-                        "{:<9} engine {:>11} tokens: hit rate {:.4}, mean TTFT {:.0} ms ({:.1} s) [{}/{}]",
+                        "{:<9} capacity {:>11} tokens: hit rate {:.4} (ceiling {:.4}), mean TTFT {:.0} ms ({:.1} s) [{}/{}]",
                         mode.name(),
                         c,
                         pt.hit_rate,
+                        pt.ceiling_hit_rate,
                         pt.ttft_mean_ms,
                         pt.seconds,
                         i + 1,

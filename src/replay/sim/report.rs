@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{SimConfig, SimMode, SimPoint};
+use super::{SimConfig, SimMode, SimPoint, SweepKind};
 use crate::replay::trace::TraceSummary;
 
 /// The whole report.
@@ -21,6 +21,11 @@ pub struct SimReport {
     pub spec: String,
     /// K/V bytes per token at full size (what a token of capacity holds).
     pub kv_bytes_per_token: u64,
+    /// What the sweep's axis is.
+    pub sweep: SweepKind,
+    /// The engine cache in front of the offload modes of a capacity sweep
+    /// (tokens; 0 for an engine sweep).
+    pub engine_tokens: u64,
     /// The settings.
     pub config: SimConfig,
     /// The trace's own figures (ideal, block-LRU per capacity).
@@ -33,7 +38,7 @@ impl SimReport {
     fn point(&self, mode: SimMode, cap: u64) -> Option<&SimPoint> {
         self.points
             .iter()
-            .find(|p| p.mode == mode && (p.engine_tokens == cap || mode == SimMode::Recompute))
+            .find(|p| p.mode == mode && (p.capacity_tokens == cap || mode == SimMode::Recompute))
     }
 
     fn capacities(&self) -> Vec<u64> {
@@ -41,7 +46,7 @@ impl SimReport {
             .points
             .iter()
             .filter(|p| p.mode != SimMode::Recompute)
-            .map(|p| p.engine_tokens)
+            .map(|p| p.capacity_tokens)
             .collect();
         c.sort_unstable();
         c.dedup();
@@ -70,10 +75,7 @@ pub fn render_text(r: &SimReport) -> String {
         "capacity-only replay (no bytes moved: the real resolve, retention and scheduler over \
          capacity-modelled tiers)\ntrace {}: {} requests, {} prompt tokens, {} output tokens\n\
          spec {}: {} B of K/V per token at full size\n\
-         ideal prefix hit rate (unlimited, full 512-token blocks): {:.4}\n\
-         tiers below the engine (ucm, fold, lmcache): memory {} tokens ({:.0} GiB), disk {} tokens \
-         ({:.0} GiB); loads at {} GiB/s (memory) and {} GiB/s (disk), assumed; compute {} us per \
-         token not served; ucm decode retention {}",
+         ideal prefix hit rate (unlimited, full 512-token blocks): {:.4}",
         r.trace,
         s.requests,
         s.input_tokens,
@@ -81,10 +83,33 @@ pub fn render_text(r: &SimReport) -> String {
         r.spec,
         r.kv_bytes_per_token,
         s.ideal_hit_rate,
-        c.pool_tokens,
-        gib(c.pool_tokens.saturating_mul(r.kv_bytes_per_token)),
-        c.disk_tokens,
-        gib(c.disk_tokens.saturating_mul(r.kv_bytes_per_token)),
+    );
+    match r.sweep {
+        SweepKind::Engine => {
+            let _ = writeln!(
+                out,
+                "sweep of the engine's prefix cache; tiers below the engine (ucm, lmcache, \
+                 marconi, fold): memory {} tokens ({:.0} GiB), disk {} tokens ({:.0} GiB)",
+                c.pool_tokens,
+                gib(c.pool_tokens.saturating_mul(r.kv_bytes_per_token)),
+                c.disk_tokens,
+                gib(c.disk_tokens.saturating_mul(r.kv_bytes_per_token)),
+            );
+        }
+        SweepKind::Cache => {
+            let _ = writeln!(
+                out,
+                "sweep of the cache's capacity C, the same for every mode: ucm, lmcache, marconi \
+                 and fold keep C on disk (C/10 also in memory) below an engine cache of {} \
+                 tokens; vllm and sglang get an engine cache of {} + C",
+                r.engine_tokens, r.engine_tokens
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "loads at {} GiB/s (memory) and {} GiB/s (disk), assumed; compute {} us per token not \
+         served; ucm decode retention {}; ceiling: the rate unlimited capacity would give",
         c.pool_gib_s,
         c.disk_gib_s,
         c.compute_us_per_token,
@@ -99,15 +124,32 @@ pub fn render_text(r: &SimReport) -> String {
             .map_or(String::new(), |l| {
                 format!("; block-LRU of the trace: {:.4}", l.hit_rate)
             });
+        let ceiling = r
+            .points
+            .iter()
+            .find(|p| p.capacity_tokens == cap)
+            .map_or(0.0, |p| p.ceiling_hit_rate);
+        let what = match r.sweep {
+            SweepKind::Engine => "engine prefix cache",
+            SweepKind::Cache => "cache capacity",
+        };
         let _ = writeln!(
             out,
-            "\nengine prefix cache {cap} tokens ({:.1} GiB){lru}",
+            "\n{what} {cap} tokens ({:.1} GiB); ceiling {ceiling:.4}{lru}",
             gib(cap.saturating_mul(r.kv_bytes_per_token))
         );
         let _ = writeln!(
             out,
-            "  {:<10} {:>8} {:>10} {:>12} {:>12} {:>11} {:>11} {:>13}",
-            "mode", "hit", "of it: eng", "mem GiB", "disk GiB", "TTFT ms", "p90 ms", "vs recompute"
+            "  {:<10} {:>8} {:>10} {:>12} {:>12} {:>12} {:>11} {:>11} {:>13}",
+            "mode",
+            "hit",
+            "of it: eng",
+            "mem GiB",
+            "disk GiB",
+            "state GiB",
+            "TTFT ms",
+            "p90 ms",
+            "vs recompute"
         );
         for mode in r.modes() {
             let Some(p) = r.point(mode, cap) else {
@@ -118,12 +160,13 @@ pub fn render_text(r: &SimReport) -> String {
             });
             let _ = writeln!(
                 out,
-                "  {:<10} {:>8.4} {:>10.4} {:>12.1} {:>12.1} {:>11.1} {:>11.1} {:>13}",
+                "  {:<10} {:>8.4} {:>10.4} {:>12.1} {:>12.1} {:>12.1} {:>11.1} {:>11.1} {:>13}",
                 mode.name(),
                 p.hit_rate,
                 p.engine_served as f64 / p.prompt_tokens.max(1) as f64,
                 gib(p.bytes_from_pool),
                 gib(p.bytes_from_disk),
+                gib(p.state_bytes_saved),
                 p.ttft_mean_ms,
                 p.ttft_p90_ms,
                 vs
@@ -133,8 +176,8 @@ pub fn render_text(r: &SimReport) -> String {
     out
 }
 
-/// An SVG of hit rate over engine capacity (log scale), one line per mode,
-/// with the trace's ideal and block-LRU figures.
+/// An SVG of hit rate over the sweep's capacity (log scale), one line per
+/// mode, with the trace's ideal and block-LRU figures.
 pub fn render_svg(r: &SimReport) -> String {
     let (w, h, pad) = (720.0, 360.0, 50.0);
     let caps = r.capacities();
@@ -144,9 +187,13 @@ pub fn render_svg(r: &SimReport) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
          font-family=\"sans-serif\" font-size=\"11\">\n\
-         <text x=\"{pad}\" y=\"18\">prefix hit rate over engine cache capacity (tokens, log \
+         <text x=\"{pad}\" y=\"18\">prefix hit rate over {} capacity (tokens, log \
          scale); capacity-only replay of {}</text>\n\
          <rect x=\"{pad}\" y=\"{pad}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>\n",
+        match r.sweep {
+            SweepKind::Engine => "engine cache",
+            SweepKind::Cache => "cache",
+        },
         xml(&r.trace),
         w - 2.0 * pad,
         h - 2.0 * pad

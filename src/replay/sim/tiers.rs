@@ -1,9 +1,17 @@
 //! An offload layer's tiers below the engine: a memory tier and a disk
 //! tier, written through (a save goes to both), a disk hit read back into
 //! memory. UCM's pool and disk tier, and LMCache's CPU and disk backends.
+//!
+//! Each tier keeps speculative checkpoints at a lower priority
+//! ([`PriorityCache`]) within the share of its capacity that the tiers'
+//! [`SpeculativeBudget`] gives them; what leaves both tiers is remembered
+//! as a ghost of its priority ([`Ghosts`], as many bytes as the disk
+//! holds), so that a request can tell which kind of data, kept longer,
+//! would have served it further.
 
-use super::cache::{ByteLru, Unit};
+use super::cache::{Ghosts, PriorityCache, Unit};
 use super::units::Model;
+use crate::coordinator::retention::SpeculativeBudget;
 
 /// Bytes a load took from each tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -17,19 +25,33 @@ pub struct Loaded {
 /// A memory tier over a disk tier.
 #[derive(Debug)]
 pub struct Tiers {
-    /// The memory tier (LRU: CLOCK's order).
-    pub pool: ByteLru,
-    /// The disk tier (oldest first, down to 90% of the capacity).
-    pub disk: ByteLru,
+    /// The memory tier (LRU: CLOCK's order), speculative units first.
+    pub pool: PriorityCache,
+    /// The disk tier (oldest first, down to 90% of the capacity),
+    /// speculative units first.
+    pub disk: PriorityCache,
+    budget: SpeculativeBudget,
+    /// Speculative units that left both tiers.
+    pub spec_ghosts: Ghosts,
+    /// Sure units that left both tiers.
+    pub sure_ghosts: Ghosts,
 }
 
 impl Tiers {
     /// Tiers of `pool` and `disk` bytes.
     pub fn new(pool: u64, disk: u64) -> Self {
-        Tiers {
-            pool: ByteLru::new(pool, 1.0),
-            disk: ByteLru::new(disk, 0.9),
-        }
+        let bound = pool.max(disk);
+        let budget = SpeculativeBudget::new();
+        let mut t = Tiers {
+            pool: PriorityCache::new(pool, 1.0),
+            disk: PriorityCache::new(disk, 0.9),
+            budget,
+            spec_ghosts: Ghosts::new(bound),
+            sure_ghosts: Ghosts::new(bound),
+        };
+        t.pool.set_speculative_share(budget.share());
+        t.disk.set_speculative_share(budget.share());
+        t
     }
 
     /// Is `u` in either tier?
@@ -37,8 +59,23 @@ impl Tiers {
         self.pool.contains(u) || self.disk.contains(u)
     }
 
+    /// The share of each tier speculative units may keep.
+    pub fn speculative_share(&self) -> f64 {
+        self.budget.share()
+    }
+
+    /// One request's evidence for the budget: bytes of recompute a
+    /// speculative ghost and a sure ghost would have saved it.
+    pub fn observe(&mut self, speculative_gain: u64, sure_gain: u64) {
+        self.budget.observe(speculative_gain, sure_gain);
+        let share = self.budget.share();
+        self.pool.set_speculative_share(share);
+        self.disk.set_speculative_share(share);
+    }
+
     /// Loads `units`: a memory hit refreshes it; a disk hit refreshes the
-    /// file and fills the memory tier. Units in neither tier are skipped.
+    /// file and fills the memory tier; a speculative unit loaded becomes
+    /// sure in both. Units in neither tier are skipped.
     /// Units that left both tiers (the fill evicted them) go to `gone`.
     pub fn load(&mut self, m: &Model, units: &[Unit], mut gone: impl FnMut(Unit)) -> Loaded {
         let mut got = Loaded::default();
@@ -46,30 +83,41 @@ impl Tiers {
         for u in units {
             if self.pool.touch(u) {
                 got.pool += m.bytes(u);
+                self.disk.touch(u);
             } else if self.disk.touch(u) {
                 got.disk += m.bytes(u);
-                self.pool.insert(*u, m.bytes(u), |v| evicted.push(v));
+                self.pool
+                    .insert(*u, m.bytes(u), None, |v, s| evicted.push((v, s)));
             }
         }
-        for v in evicted {
-            if !self.contains(&v) {
-                gone(v);
-            }
-        }
+        self.settle(m, evicted, &mut gone);
         got
     }
 
-    /// Saves `units` to both tiers, in order; units that left both tiers go
-    /// to `gone`.
-    pub fn store(&mut self, m: &Model, units: &[Unit], mut gone: impl FnMut(Unit)) {
+    /// Saves `units` (each with its speculative level, `None` for sure) to
+    /// both tiers, in order; units that left both tiers go to `gone`.
+    pub fn store(&mut self, m: &Model, units: &[(Unit, Option<u8>)], mut gone: impl FnMut(Unit)) {
         let mut evicted = Vec::new();
-        for u in units {
-            let b = m.bytes(u);
-            self.pool.insert(*u, b, |v| evicted.push(v));
-            self.disk.insert(*u, b, |v| evicted.push(v));
+        for &(u, level) in units {
+            let b = m.bytes(&u);
+            self.spec_ghosts.remove(&u);
+            self.sure_ghosts.remove(&u);
+            self.pool.insert(u, b, level, |v, s| evicted.push((v, s)));
+            self.disk.insert(u, b, level, |v, s| evicted.push((v, s)));
         }
-        for v in evicted {
+        self.settle(m, evicted, &mut gone);
+    }
+
+    /// Units evicted from a tier: those in neither tier now are gone, and
+    /// become ghosts of their priority.
+    fn settle(&mut self, m: &Model, evicted: Vec<(Unit, bool)>, gone: &mut impl FnMut(Unit)) {
+        for (v, speculative) in evicted {
             if !self.contains(&v) {
+                if speculative {
+                    self.spec_ghosts.add(v, m.bytes(&v));
+                } else {
+                    self.sure_ghosts.add(v, m.bytes(&v));
+                }
                 gone(v);
             }
         }

@@ -19,10 +19,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::cache::Unit;
 use super::tiers::{Loaded, Tiers};
-use super::units::Model;
-use super::SimRequest;
+use super::units::{Held, Model};
+use super::{Saved, SimRequest};
 use crate::coordinator::adapter::{EngineRequest, Scheduler};
 use crate::coordinator::resolve::Presence;
+use crate::coordinator::retention::Priority;
 use crate::coordinator::spec::Group;
 use crate::coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys};
 
@@ -85,19 +86,52 @@ impl UcmTiers {
     }
 
     /// `p*` for request number `k`, the engine holding `engine_hit` tokens.
-    pub fn hit(&mut self, r: &SimRequest, k: usize, engine_hit: u64) -> Result<u64, CoordError> {
+    /// Also feeds the tiers' speculative budget: how much further the
+    /// request would have been served had the tiers kept their recently
+    /// evicted speculative checkpoints, or their sure data.
+    pub fn hit(
+        &mut self,
+        m: &Model,
+        r: &SimRequest,
+        k: usize,
+        engine_hit: u64,
+    ) -> Result<u64, CoordError> {
         let req = EngineRequest {
             id: Self::id(k),
             tokens: Arc::new(r.prompt().to_vec()),
             keys: RequestKeys::default(),
         };
         self.sched.get_num_new_matched_tokens(&req, engine_hit)?;
-        Ok(self.sched.resolution(&req.id).map_or(0, |(_, p)| p))
+        let p = self.sched.resolution(&req.id).map_or(0, |(_, p)| p);
+        let served = p.max(engine_hit);
+        let t = locked(&self.tiers);
+        let probe = |spec: bool, sure: bool| -> Result<u64, CoordError> {
+            let held = Held(|u: &Unit| {
+                t.contains(u)
+                    || (spec && t.spec_ghosts.contains(u))
+                    || (sure && t.sure_ghosts.contains(u))
+            });
+            Ok(m.resolve(r.prompt(), &r.hashes, &held)?
+                .saturating_sub(served))
+        };
+        // What each kind of ghost alone would have added, and what only
+        // both together would have (credited to both).
+        let (spec_only, sure_only) = (probe(true, false)?, probe(false, true)?);
+        let both = probe(true, true)?.saturating_sub(spec_only.max(sure_only));
+        let (spec_gain, sure_gain) = (spec_only + both, sure_only + both);
+        drop(t);
+        if spec_gain + sure_gain > 0 {
+            let per_token = m.kv_bytes_per_token;
+            locked(&self.tiers).observe(spec_gain * per_token, sure_gain * per_token);
+        }
+        Ok(p)
     }
 
-    /// Loads `[from, to)` and the states at `to`.
+    /// Loads `[from, to)` and the states at `to` (touched deepest first,
+    /// as saves are).
     pub fn load(&mut self, m: &Model, r: &SimRequest, from: u64, to: u64) -> Loaded {
-        let units = m.hit_units(&r.hashes, &r.seq, from, to);
+        let mut units = m.hit_units(&r.hashes, &r.seq, from, to);
+        units.reverse();
         let (dir, names) = (&self.dir, &self.names);
         locked(&self.tiers).load(m, &units, |u| forget(dir, names, u))
     }
@@ -111,32 +145,44 @@ impl UcmTiers {
         k: usize,
         p_star: u64,
         served: u64,
-    ) -> Result<u64, CoordError> {
+    ) -> Result<Saved, CoordError> {
         let id = Self::id(k);
         let mut end = r.prompt_len;
         if self.decode && r.seq.len() as u64 > r.prompt_len {
             self.sched.extend_tokens(&id, Arc::new(r.seq.clone()))?;
             end = r.seq.len() as u64;
         }
-        let mut units = m.blocks(&r.hashes, p_star, end, false);
+        let mut units: Vec<(u64, Unit, Option<u8>)> = m
+            .blocks(&r.hashes, p_star, end, false)
+            .into_iter()
+            .map(|(p, u)| (p, u, None))
+            .collect();
         let mut states = Vec::new();
         // Each group's own plan: a state where a step ends on one of its
-        // positions (steps end at every planned position).
-        for (g, p) in self.sched.checkpoint_plan(&id) {
+        // positions (steps end at every planned position), speculative
+        // ones at their level.
+        for (g, p, priority) in self.sched.checkpoint_plan(&id) {
             if p > served && p <= end {
-                states.extend(m.state(g, &r.hashes, &r.seq, p).map(|u| (p, u)));
+                let level = match priority {
+                    Priority::Speculative(l) => Some(l),
+                    _ => None,
+                };
+                states.extend(m.state(g, &r.hashes, &r.seq, p).map(|u| (p, u, level)));
             }
         }
         units.extend(states.iter().copied());
-        units.sort_by_key(|u| u.0);
-        let units: Vec<Unit> = units.into_iter().map(|u| u.1).collect();
-        let saved = units.iter().map(|u| m.bytes(u)).sum();
+        // Deepest first: a prefix's tail is then older than its head, so
+        // recency evicts the tail first and never a head that would make
+        // the rest of the chain unusable (as vLLM frees a request's blocks).
+        units.sort_by_key(|u| std::cmp::Reverse(u.0));
+        let units: Vec<(Unit, Option<u8>)> = units.into_iter().map(|u| (u.1, u.2)).collect();
+        let saved = Saved::of(m, units.iter().map(|u| &u.0));
         {
             let (dir, names) = (&self.dir, &self.names);
             locked(&self.tiers).store(m, &units, |u| forget(dir, names, u));
         }
         let t = locked(&self.tiers);
-        for (p, u) in states {
+        for (p, u, _) in states {
             if let Unit::State { group, hash } = u {
                 if t.contains(&u) {
                     self.dir.register(&self.names[group as usize], p, hash);
