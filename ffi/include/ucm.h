@@ -170,6 +170,29 @@ typedef struct ucm_options_t {
    * `UCM_SYNC_FILES`; any other value is `UCM_ERR_INVALID`.
    */
   uint32_t sync_mode;
+  /**
+   * Store worker threads per group (0: 2).
+   */
+  uint32_t workers;
+  /**
+   * A Redis or Valkey cluster below every group's disk tier,
+   * `redis://host:port[,host:port...]` (NUL-terminated; NULL: none),
+   * shared with other instances. A malformed URL is `UCM_ERR_STORE`;
+   * nothing is contacted until the stores open (the first worker).
+   */
+  const char *remote;
+  /**
+   * An S3-compatible bucket below that (or below the disk tier without
+   * `remote`): the cold tier, `s3://bucket[/prefix][?endpoint=URL]`
+   * (NUL-terminated; NULL: none; credentials from `AWS_*`).
+   */
+  const char *cold;
+  /**
+   * 1: no local disk tier; `remote` and/or `cold` are the persistent
+   * tiers (a diskless node; without either, `UCM_ERR_STORE`). 0: a disk
+   * tier under `dir`. Any other value is `UCM_ERR_INVALID`.
+   */
+  uint32_t no_disk;
 } ucm_options_t;
 
 /**

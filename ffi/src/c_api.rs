@@ -251,6 +251,21 @@ pub struct UcmOptions {
     /// How the disk tiers make writes durable: `UCM_SYNC_AUTO` (0) or
     /// `UCM_SYNC_FILES`; any other value is `UCM_ERR_INVALID`.
     pub sync_mode: u32,
+    /// Store worker threads per group (0: 2).
+    pub workers: u32,
+    /// A Redis or Valkey cluster below every group's disk tier,
+    /// `redis://host:port[,host:port...]` (NUL-terminated; NULL: none),
+    /// shared with other instances. A malformed URL is `UCM_ERR_STORE`;
+    /// nothing is contacted until the stores open (the first worker).
+    pub remote: *const c_char,
+    /// An S3-compatible bucket below that (or below the disk tier without
+    /// `remote`): the cold tier, `s3://bucket[/prefix][?endpoint=URL]`
+    /// (NUL-terminated; NULL: none; credentials from `AWS_*`).
+    pub cold: *const c_char,
+    /// 1: no local disk tier; `remote` and/or `cold` are the persistent
+    /// tiers (a diskless node; without either, `UCM_ERR_STORE`). 0: a disk
+    /// tier under `dir`. Any other value is `UCM_ERR_INVALID`.
+    pub no_disk: u32,
 }
 
 /// One group's placement of a request (`ucm_scheduler_update_after_alloc`).
@@ -548,6 +563,18 @@ pub unsafe extern "C" fn ucm_cache_open(
         if o.disk_blocks > 0 {
             co.store.disk_blocks = o.disk_blocks;
         }
+        if o.workers > 0 {
+            co.store.workers = o.workers as usize;
+        }
+        // SAFETY: the caller's contract (NULL or a NUL-terminated string).
+        co.store.remote = unsafe { opt_str_arg(o.remote, "opts.remote") }?.map(String::from);
+        // SAFETY: as above.
+        co.store.cold = unsafe { opt_str_arg(o.cold, "opts.cold") }?.map(String::from);
+        co.store.no_disk = match o.no_disk {
+            0 => false,
+            1 => true,
+            other => return Err(invalid(format!("`opts.no_disk` {other} (expected 0 or 1)"))),
+        };
         co.store.sync = match o.sync_mode {
             UCM_SYNC_AUTO => SyncMode::Auto,
             UCM_SYNC_FILES => SyncMode::Files,

@@ -2,7 +2,15 @@
 //! runs it: create and destroy, the golden hash vectors (the C program
 //! prints what the ABI computes; this test compares it with
 //! `coordinator/tests/golden/hash-vectors.json`), a save then load round
-//! trip through the worker on host memory, and bad arguments.
+//! trip through the worker on host memory, bad arguments, and a cache with
+//! no disk over the remote and cold tiers (a Redis cluster and an S3
+//! server on loopback; skipped without them unless `UCM_REQUIRE_REDIS=1` /
+//! `UCM_REQUIRE_S3=1`).
+
+#[path = "../../store/tests/redis_cluster/mod.rs"]
+mod redis_cluster;
+#[path = "../../store/tests/s3_server/mod.rs"]
+mod s3_server;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -158,4 +166,69 @@ fn c_program_round_trips_checks_arguments_and_matches_golden_hashes() {
         }
     }
     assert!(checked > 50, "only {checked} golden items checked");
+}
+
+/// Runs `abi_test tiers` over the remote and cold URLs given ("-": none):
+/// a cache with `no_disk` saves a prompt, and a second cache in another
+/// directory, with its own pool and no disk, is served it from the tiers
+/// below, byte for byte.
+fn tiers_round_trip(remote: &str, cold: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = build(dir.path());
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let out = run(
+        &exe,
+        &[
+            "tiers".into(),
+            a.display().to_string(),
+            b.display().to_string(),
+            remote.into(),
+            cold.into(),
+        ],
+    );
+    assert!(out.contains("served 48"), "{out}");
+    for d in [&a, &b] {
+        // A block of one layer is 4 KiB; the store's own small files
+        // (markers, leases) are far smaller.
+        let big: Vec<_> = walk(d)
+            .into_iter()
+            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() >= 4096))
+            .collect();
+        assert!(
+            big.is_empty(),
+            "no block files on a node without a disk tier: {big:?}"
+        );
+    }
+}
+
+fn walk(d: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(d) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn c_program_with_no_disk_is_served_through_the_remote_tier() {
+    let Some(c) = redis_cluster::Cluster::start(3) else {
+        return;
+    };
+    tiers_round_trip(&c.url(), "-");
+}
+
+#[test]
+fn c_program_with_no_disk_is_served_through_the_cold_tier() {
+    let Some(s3) = s3_server::S3Server::start() else {
+        return;
+    };
+    s3_server::credentials();
+    tiers_round_trip("-", &s3.url("c-abi"));
 }

@@ -3,6 +3,7 @@
  * the worker on host memory, and bad arguments answered by error codes.
  *
  *   abi_test roundtrip DIR
+ *   abi_test tiers DIR_A DIR_B REMOTE|- COLD|-
  *   abi_test badargs DIR
  *   abi_test hash SPEC TP SALT|- EXTRAHEX|- ITEM...   ITEM = b:GROUP:RANK | c:GROUP:RANK:POS
  *
@@ -155,6 +156,11 @@ static int roundtrip(const char *dir, uint32_t sync_mode) {
     char *text = malloc(need);
     OK(ucm_cache_metrics(cache, text, need, &need));
     CHECK(strstr(text, "ucm_hit_tokens_total{group=\"attn\"} 48") != NULL, "hit metric:\n%s", text);
+    /* Two lookups of 63 servable tokens; 48 served; unlimited capacity
+     * would have served b's 48 too (the hit ceiling), a's nothing. */
+    CHECK(strstr(text, "\nucm_lookup_tokens_total 126\n") != NULL, "looked up:\n%s", text);
+    CHECK(strstr(text, "\nucm_served_tokens_total 48\n") != NULL, "served:\n%s", text);
+    CHECK(strstr(text, "\nucm_hit_ceiling_tokens_total 48\n") != NULL, "ceiling:\n%s", text);
     static const char *const shown[][2] = {
         {"blocks_written", "ucm_disk_blocks_written_total{group=\"attn\"} "},
         {"fs_syncs", "ucm_disk_fs_syncs_total{group=\"attn\"} "},
@@ -177,6 +183,103 @@ static int roundtrip(const char *dir, uint32_t sync_mode) {
     return failures != 0;
 }
 
+/* One engine on `cache`: a scheduler, a worker on host memory, and its
+ * poisoned layer regions. */
+typedef struct {
+    ucm_scheduler_t *s;
+    ucm_worker_t *w;
+    uint8_t *mem[LAYERS];
+} engine_t;
+
+static void engine_open(ucm_cache_t *cache, engine_t *e) {
+    memset(e, 0, sizeof *e);
+    OK(ucm_scheduler_new(cache, &e->s));
+    OK(ucm_worker_new(cache, "cpu", 0, 0, LAYERS, &e->w));
+    ucm_region_t regs[LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        e->mem[l] = aligned_alloc(4096, (size_t)BLOCK_BYTES * NUM_BLOCKS);
+        memset(e->mem[l], 0xDE, (size_t)BLOCK_BYTES * NUM_BLOCKS);
+        regs[l].layer = (uint32_t)l;
+        regs[l].addr = e->mem[l];
+        regs[l].len = (size_t)BLOCK_BYTES * NUM_BLOCKS;
+        regs[l].stride = BLOCK_BYTES;
+    }
+    OK(ucm_worker_register(e->w, regs, LAYERS));
+}
+
+static void engine_close(engine_t *e) {
+    ucm_worker_free(e->w);
+    ucm_scheduler_free(e->s);
+    for (int l = 0; l < LAYERS; l++) free(e->mem[l]);
+}
+
+/* A cache with no disk tier (`no_disk` = 1) over the remote and cold tiers
+ * named (either may be "-"): cache A, in DIR_A, computes and saves a
+ * prompt and is closed; cache B, in DIR_B (its own pool, no disk), is
+ * served the same prompt from the tiers below, and every loaded byte is
+ * compared with what A computed. Prints "served N". */
+static int tiers(const char *dir_a, const char *dir_b, const char *remote, const char *cold) {
+    uint32_t tokens[TOKENS];
+    for (int i = 0; i < TOKENS; i++) tokens[i] = 5000u + (uint32_t)i * 7u;
+    const char *dirs[2] = {dir_a, dir_b};
+    uint64_t served = 0;
+    for (int round = 0; round < 2; round++) {
+        ucm_spec_t *spec = NULL;
+        OK(ucm_spec_from_toml((const uint8_t *)SPEC, strlen(SPEC), &spec));
+        ucm_options_t o;
+        memset(&o, 0, sizeof o);
+        o.dir = dirs[round];
+        o.pool_bytes = 1 << 20;
+        o.workers = 1;
+        o.no_disk = 1;
+        o.remote = strcmp(remote, "-") ? remote : NULL;
+        o.cold = strcmp(cold, "-") ? cold : NULL;
+        ucm_cache_t *cache = NULL;
+        CHECK(ucm_cache_open(spec, &o, &cache) == UCM_OK, "open %s", dirs[round]);
+        if (!cache) return 1;
+        engine_t e;
+        engine_open(cache, &e);
+        uint64_t matched = 99;
+        OK(ucm_scheduler_lookup(e.s, "r", tokens, TOKENS, NULL, 0, &matched));
+        uint32_t blocks[4] = {4, 5, 6, 7};
+        ucm_group_alloc_t ga = {0, blocks, 4, -1};
+        if (round == 0) {
+            CHECK(matched == 0, "the first cache is served nothing, got %llu",
+                  (unsigned long long)matched);
+            OK(ucm_scheduler_update_after_alloc(e.s, "r", &ga, 1, 0));
+            for (int l = 0; l < LAYERS; l++)
+                for (int b = 0; b < 4; b++)
+                    fill(e.mem[l] + (size_t)(4 + b) * BLOCK_BYTES, BLOCK_BYTES, 900u + l * 10u + b);
+            step(e.s, e.w, "r", 0, TOKENS);
+            CHECK(wait_saved(e.w, "r"), "saved to the tiers below");
+        } else {
+            CHECK(matched == 48, "the second cache is served 48 tokens, got %llu",
+                  (unsigned long long)matched);
+            served = matched;
+            OK(ucm_scheduler_update_after_alloc(e.s, "r", &ga, 1, matched));
+            step(e.s, e.w, "r", matched, TOKENS);
+            ucm_load_error_t errs[4];
+            size_t nerr = 7;
+            uint8_t more = 7;
+            OK(ucm_worker_load_errors(e.w, errs, 4, &nerr, &more));
+            CHECK(nerr == 0 && more == 0, "no load errors, got %zu", nerr);
+            uint8_t want[BLOCK_BYTES];
+            for (int l = 0; l < LAYERS; l++)
+                for (int b = 0; b < 3; b++) {
+                    fill(want, BLOCK_BYTES, 900u + l * 10u + b);
+                    CHECK(memcmp(e.mem[l] + (size_t)(4 + b) * BLOCK_BYTES, want, BLOCK_BYTES) == 0,
+                          "layer %d block %d came back from the tiers below", l, b);
+                }
+        }
+        OK(ucm_scheduler_request_finished(e.s, "r"));
+        engine_close(&e);
+        ucm_cache_close(cache);
+        ucm_spec_free(spec);
+    }
+    printf("served %llu\n", (unsigned long long)served);
+    return failures != 0;
+}
+
 static int badargs(const char *dir) {
     ucm_spec_t *spec = NULL;
     CHECK(ucm_spec_from_toml(NULL, 5, &spec) == UCM_ERR_INVALID, "NULL text");
@@ -190,6 +293,45 @@ static int badargs(const char *dir) {
     CHECK(open_cache(dir, 7, &spec, &bad_sync) != 0 && bad_sync == NULL, "sync_mode 7 refused");
     CHECK(strstr(ucm_last_error(), "sync_mode") != NULL, "the error names the field: %s",
           ucm_last_error());
+    /* The tiers below the disk, and a diskless node: checked at open. */
+    {
+        ucm_spec_t *sp = NULL;
+        OK(ucm_spec_from_toml((const uint8_t *)SPEC, strlen(SPEC), &sp));
+        struct {
+            const char *remote, *cold;
+            uint32_t no_disk;
+            int code;
+            const char *says;
+        } cases[] = {
+            {"ftp://host:1", NULL, 0, UCM_ERR_STORE, "URL"},
+            {"redis://nohostport", NULL, 0, UCM_ERR_STORE, "URL"},
+            {NULL, "s3://AB", 0, UCM_ERR_STORE, "URL"},
+            {NULL, NULL, 1, UCM_ERR_STORE, "needs a remote or a cold tier"},
+            {NULL, NULL, 2, UCM_ERR_INVALID, "no_disk"},
+            {"redis://127.0.0.1:1", "s3://bucket/p", 0, UCM_OK, ""},
+            {"redis://127.0.0.1:1", NULL, 1, UCM_OK, ""},
+            {NULL, "s3://bucket", 1, UCM_OK, ""},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            ucm_options_t o;
+            memset(&o, 0, sizeof o);
+            o.dir = dir;
+            o.pool_bytes = 1 << 20;
+            o.workers = 1;
+            o.remote = cases[i].remote;
+            o.cold = cases[i].cold;
+            o.no_disk = cases[i].no_disk;
+            ucm_cache_t *c = NULL;
+            int rc = ucm_cache_open(sp, &o, &c);
+            CHECK(rc == cases[i].code, "tiers case %zu: code %d, expected %d", i, rc,
+                  cases[i].code);
+            CHECK(strstr(ucm_last_error(), cases[i].says) != NULL,
+                  "tiers case %zu: the error names it: %s", i, ucm_last_error());
+            CHECK((rc == UCM_OK) == (c != NULL), "tiers case %zu: a handle only on success", i);
+            ucm_cache_close(c);
+        }
+        ucm_spec_free(sp);
+    }
     ucm_spec_free(spec);
     spec = NULL;
     CHECK(open_cache(dir, UCM_SYNC_AUTO, &spec, &cache) == 0, "open");
@@ -232,6 +374,7 @@ static int badargs(const char *dir) {
     CHECK(ucm_scheduler_build_meta(s, &c, 1, &meta) == UCM_ERR_REQUEST, "meta before alloc");
 
     ucm_worker_t *w = NULL;
+    ucm_spec_t *spec2 = NULL;
     CHECK(ucm_worker_new(cache, "tpu", 0, 0, 2, &w) == UCM_ERR_UNSUPPORTED, "unknown device");
     CHECK(ucm_worker_new(cache, "cpu", 3, 0, 2, &w) == UCM_ERR_REQUEST, "rank beyond TP");
     OK(ucm_worker_new(cache, "cpu", 0, 0, 2, &w));
@@ -241,6 +384,19 @@ static int badargs(const char *dir) {
     CHECK(ucm_worker_register(w, &r, 1) == UCM_ERR_INVALID, "NULL region");
     ucm_region_t r2 = {0, junk, 16, 0};
     CHECK(ucm_worker_register(w, &r2, 1) == UCM_ERR_INVALID, "zero stride");
+    ucm_region_t wraps = {0, junk, SIZE_MAX, 4096};
+    CHECK(ucm_worker_register(w, &wraps, 1) == UCM_ERR_INVALID, "a region that wraps");
+    CHECK(strstr(ucm_last_error(), "wraps") != NULL, "the error says so: %s", ucm_last_error());
+    CHECK(ucm_worker_wait_layer(w, UINT32_MAX) == UCM_ERR_REQUEST, "wait on no such layer");
+    CHECK(ucm_worker_save_layer(w, UINT32_MAX) == UCM_ERR_REQUEST, "save of no such layer");
+    CHECK(ucm_worker_wait_layer(w, 0) == UCM_ERR_REQUEST, "wait before a step started");
+    ucm_worker_t *w2 = NULL;
+    CHECK(ucm_worker_new(cache, "cpu", 0, 2, 0, &w2) == UCM_ERR_REQUEST && w2 == NULL,
+          "a stage that ends before it starts");
+    CHECK(ucm_spec_load("/dev/zero", &spec2) == UCM_ERR_SPEC && spec2 == NULL,
+          "a device as spec file");
+    CHECK(strstr(ucm_last_error(), "not a regular file") != NULL, "the error says so: %s",
+          ucm_last_error());
 
     uint8_t ids[16];
     size_t n = 0;
@@ -327,16 +483,18 @@ static int hash(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (ucm_abi_version() != 3) {
+    if (ucm_abi_version() != 4) {
         fprintf(stderr, "ABI version %u\n", ucm_abi_version());
         return 1;
     }
     if (argc >= 3 && !strcmp(argv[1], "roundtrip"))
         return roundtrip(argv[2], argc >= 4 && !strcmp(argv[3], "files") ? UCM_SYNC_FILES
                                                                            : UCM_SYNC_AUTO);
+    if (argc >= 6 && !strcmp(argv[1], "tiers")) return tiers(argv[2], argv[3], argv[4], argv[5]);
     if (argc >= 3 && !strcmp(argv[1], "badargs")) return badargs(argv[2]);
     if (argc >= 6 && !strcmp(argv[1], "hash")) return hash(argc, argv);
     fprintf(stderr,
-            "usage: abi_test roundtrip DIR [files] | badargs DIR | hash SPEC TP SALT EXTRA ITEM...\n");
+            "usage: abi_test roundtrip DIR [files] | tiers DIR_A DIR_B REMOTE COLD | badargs DIR |"
+            " hash SPEC TP SALT EXTRA ITEM...\n");
     return 2;
 }
