@@ -283,6 +283,27 @@ def all_checks(args) -> int:
             failures.append(what)
 
     for model in args.models.split(","):
+        out = work / f"{model}-readme.json"
+        log = work / f"{model}-readme.log"
+        t = time.time()
+        cmd = [sys.executable, __file__, "readme", "--model", model, "--dir", str(work),
+               "--out", str(out)]
+        with open(log, "w") as fh:
+            rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=600)
+        text = log.read_text()
+        if rc != 0:
+            print(text[-6000:], file=sys.stderr)
+            raise SystemExit(f"vllm-e2e: {model} README snippet failed (exit {rc}); log {log}")
+        r = json.loads(out.read_text())
+        print(f"vllm-e2e: {model:10} readme    run {time.time() - t:.1f} s", flush=True)
+        served = metric(r["metrics"], "ucm_lookup_hits_total")
+        check(served >= 1,
+              f"{model}: README snippet, engine in its own process: metrics_text(dir) counts "
+              f"the second turn's hit ({served:.0f} hits)")
+        info = [l for l in text.splitlines() if "ucm: request" in l and "from cache" in l]
+        check(len(info) >= 1 and "INFO" in info[0],
+              f"{model}: README snippet: an INFO line names the request served from cache "
+              f"({info[0].strip() if info else 'none'})")
         base = engine(model, "baseline", "baseline")
         toks = {tuple(r["tokens"]) for r in base["results"]}
         check(len(toks) > 1 or len(set(base["results"][0]["tokens"])) > 1,
@@ -327,6 +348,83 @@ def all_checks(args) -> int:
     return 0
 
 
+README_MARK = "<!-- snippet: vllm -->"
+
+
+def snippet_in(path: pathlib.Path) -> str:
+    """The Python block that follows the snippet mark in `path`."""
+    text = path.read_text()
+    at = text.index(README_MARK)
+    start = text.index("```python\n", at) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def readme_snippet() -> str:
+    """README.md's vLLM snippet; docs/embedding.md must show the same."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    s = snippet_in(root / "README.md")
+    if snippet_in(root / "docs" / "embedding.md") != s:
+        raise SystemExit("docs/embedding.md's vLLM snippet differs from README.md's")
+    return s
+
+
+def readme(args) -> None:
+    """Runs README.md's vLLM snippet as written, in vLLM's default engine
+    multiprocessing, with `MODEL` and `UCM_DIR` set, on the CPU with the
+    environment docs/embedding.md gives (`VLLM_CPU_KVCACHE_SPACE=4`). The test
+    model has random weights, so `vllm.LLM` is given `load_format="dummy"`
+    and no tokenizer here; the snippet's own arguments are untouched. Then:
+    a second prompt that continues the first must be served from cache,
+    with an INFO line naming the request, and
+    `metrics_text(UCM_DIR)` must count the hit from outside the engine's
+    process."""
+    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    # The environment docs/embedding.md gives a CPU user, as written there:
+    # without a KV-cache size vLLM takes most of the machine's memory (the
+    # hybrid model's worker was killed for memory on a 24 GiB machine).
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    model_dir = pathlib.Path(args.dir) / "models" / args.model
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(MODELS[args.model]))
+    os.environ["MODEL"] = str(model_dir)
+    os.environ["UCM_DIR"] = str(pathlib.Path(args.dir) / "readme-store" / args.model)
+    import vllm
+    from vllm import SamplingParams
+
+    real = vllm.LLM
+
+    class TestModelLLM(real):
+        def __init__(self, *a, **kw):
+            kw.update(load_format="dummy", skip_tokenizer_init=True, max_model_len=2048)
+            super().__init__(*a, **kw)
+
+    vllm.LLM = TestModelLLM
+    scope: dict = {"__name__": "__readme__"}
+    exec(compile(readme_snippet(), "README.md (vLLM snippet)", "exec"), scope)
+    llm = scope["llm"]
+    # The INFO line is logged by the engine's process to the shared stderr:
+    # `all` reads it back from the log.
+    # vLLM prefills a prompt in one step, so a recurrent state exists where
+    # a step ends: the first turn ends on the checkpoint grid (the engine's
+    # block), and the second turn resumes there.
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    first = seq(11, 2 * block)
+    sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": first}], sp, use_tqdm=False)[0].outputs[0]
+    turn2 = first + seq(12, 200)
+    llm.generate([{"prompt_token_ids": turn2}], sp, use_tqdm=False)
+    import ucm.vllm_connector as vc
+
+    time.sleep(1.5)  # the engine publishes its metrics at most once a second
+    llm.generate([{"prompt_token_ids": seq(13, 40)}], sp, use_tqdm=False)
+    time.sleep(0.5)
+    metrics = vc.metrics_text(os.environ["UCM_DIR"])
+    pathlib.Path(args.out).write_text(
+        json.dumps({"metrics": metrics, "turn2": len(turn2)})
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -338,12 +436,19 @@ def main() -> int:
     r.add_argument("--dir", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--restarted", action="store_true")
+    rd = sub.add_parser("readme")
+    rd.add_argument("--model", choices=sorted(MODELS), required=True)
+    rd.add_argument("--dir", required=True)
+    rd.add_argument("--out", required=True)
     a = sub.add_parser("all")
     a.add_argument("--work", required=True)
     a.add_argument("--models", default="llama,nemotron_h")
     args = ap.parse_args()
     if args.cmd == "run":
         run(args)
+        return 0
+    if args.cmd == "readme":
+        readme(args)
         return 0
     return all_checks(args)
 

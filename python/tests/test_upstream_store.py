@@ -331,6 +331,19 @@ def test_bad_configuration_and_arguments_are_refused(tmp_path):
         sched.load_data([secrets.token_bytes(16)], [0], [[buf.ctypes.data]])
 
 
+def env_finding_our_package() -> dict:
+    """The environment for a child Python that must import the same ``ucm``
+    package as this process, however it was installed (a venv, ``pip install
+    --target`` with ``PYTHONPATH``, or the source tree): the directory holding
+    that package comes first on the child's path, the rest of ``PYTHONPATH``
+    after it."""
+    import ucm
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(ucm.__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([ours, *rest])}
+
+
 def test_upstream_factory_takes_the_class_when_upstream_sits_beside_us(tmp_path):
     """A double of upstream's package (its interface module and factory, as
     documented) in a directory after ours on the path: ``ucm.store`` is
@@ -378,6 +391,6 @@ def test_upstream_factory_takes_the_class_when_upstream_sits_beside_us(tmp_path)
     )
     r = subprocess.run(
         [sys.executable, "-c", prog], capture_output=True, text=True, timeout=120,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        env=env_finding_our_package(),
     )
     assert r.returncode == 0 and "factory ok" in r.stdout, r.stderr

@@ -126,3 +126,36 @@ bytes_per_token = 256
     assert shared_cache(spec, str(tmp_path / "a"), 1, {"sync_mode": "files"}) is not None
     with pytest.raises(ValueError, match="expected auto or files"):
         shared_cache(spec, str(tmp_path / "b"), 1, {"sync_mode": "fsync"})
+
+
+def test_metrics_published_by_another_process_are_read_and_dead_ones_ignored(tmp_path):
+    """Under vLLM's engine multiprocessing the cache lives in the engine's
+    process: ``metrics_text(dir)`` reads what live processes published to
+    ``<dir>/metrics.<pid>.prom``, never a dead process's file, and a new
+    publisher removes the files of dead processes."""
+    import os
+    import subprocess
+    import sys
+
+    from ucm import vllm_connector as vc
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        (tmp_path / f"metrics.{child.pid}.prom").write_text("ucm_lookup_hits_total 7\n")
+        (tmp_path / f"metrics.{dead.pid}.prom").write_text("ucm_lookup_hits_total 1000\n")
+        (tmp_path / "metrics.notapid.prom").write_text("ucm_lookup_hits_total 5000\n")
+        text = vc.metrics_text(str(tmp_path))
+        assert "ucm_lookup_hits_total 7" in text
+        assert "1000" not in text and "5000" not in text
+        # A publisher in this directory clears the dead process's file.
+        spec = 'model = "m"\n[[group]]\nname = "a"\nkind = "chain"\nblock_size = 16\nlayers = "0"\nbytes_per_token = 256\n'
+        cache = ucm.Cache(ucm.SpecTable.from_toml(spec), str(tmp_path / "s"))
+        vc._MetricsPublisher(cache, str(tmp_path))
+        assert not (tmp_path / f"metrics.{dead.pid}.prom").exists()
+        assert (tmp_path / f"metrics.{child.pid}.prom").exists()
+    finally:
+        child.kill()
+        child.wait()
+    assert os.path.exists(tmp_path)

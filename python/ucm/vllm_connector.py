@@ -31,6 +31,12 @@ load is reported through ``get_block_ids_with_load_errors`` so vLLM
 recomputes it; a save is out of the engine's memory when ``wait_for_save``
 returns, so vLLM may free a finished request's blocks at once.
 
+Seeing hits: each request that UCM serves is logged at INFO (``ucm: request
+ID: N of its M prompt tokens from cache``), and ``metrics_text(dir)`` returns
+the Prometheus text of the caches, also when vLLM runs its engine in another
+process (its default): that process publishes them to
+``<dir>/metrics.<pid>.prom`` at most once a second.
+
 Blocks completed by decoding are saved like prompt blocks (a chat's next
 turn re-sends the answer), and so are states where a step ends on the
 checkpoint grid. Limits of this version: a preempted request is not
@@ -90,10 +96,112 @@ def shared_cache(spec_toml: str, directory: str, tp_size: int, opts: dict) -> An
         return c
 
 
-def metrics_text() -> str:
-    """The Prometheus text of every UCM cache in this process."""
+METRICS_FILE_PREFIX = "metrics."
+METRICS_FILE_SUFFIX = ".prom"
+_METRICS_EVERY_S = 1.0
+
+
+def _metrics_path(directory: str) -> str:
+    """The file where this process publishes its caches' metrics under the
+    store directory: ``metrics.<pid>.prom``."""
+    return os.path.join(directory, f"{METRICS_FILE_PREFIX}{os.getpid()}{METRICS_FILE_SUFFIX}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def metrics_text(directory: str | None = None) -> str:
+    """The Prometheus text of UCM's caches: those of this process, and,
+    with ``directory`` (the store directory; default ``UCM_DIR``), those of
+    the live processes that publish it there. Under vLLM's engine
+    multiprocessing (its default) the cache lives in the engine-core
+    process, which publishes its metrics to ``<dir>/metrics.<pid>.prom`` at
+    most once a second; a process that exited leaves nothing counted."""
     with _CACHES_LOCK:
-        return "".join(c.metrics_text() for c in _CACHES.values())
+        parts = [c.metrics_text() for c in _CACHES.values()]
+        mine = {os.path.realpath(k[1]) for k in _CACHES}
+    directory = directory or os.environ.get("UCM_DIR")
+    if directory and os.path.isdir(directory) and os.path.realpath(directory) not in mine:
+        for name in sorted(os.listdir(directory)):
+            if not (name.startswith(METRICS_FILE_PREFIX) and name.endswith(METRICS_FILE_SUFFIX)):
+                continue
+            pid = name[len(METRICS_FILE_PREFIX) : -len(METRICS_FILE_SUFFIX)]
+            if not pid.isdigit() or not _pid_alive(int(pid)):
+                continue
+            try:
+                with open(os.path.join(directory, name), encoding="utf-8") as f:
+                    parts.append(f.read(16 << 20))
+            except OSError:
+                continue
+    return "".join(parts)
+
+
+class _MetricsPublisher:
+    """Writes a cache's metrics to ``<dir>/metrics.<pid>.prom`` (written
+    whole, then renamed into place) at most once per interval, and removes
+    the file when the process exits."""
+
+    def __init__(self, cache, directory: str):
+        self._cache = cache
+        self._path = _metrics_path(directory)
+        self._last = 0.0
+        import atexit
+
+        atexit.register(self._remove)
+        # Files of processes that died without removing theirs.
+        for name in os.listdir(directory):
+            pid = name[len(METRICS_FILE_PREFIX) : -len(METRICS_FILE_SUFFIX)]
+            if (
+                name.startswith(METRICS_FILE_PREFIX)
+                and name.endswith(METRICS_FILE_SUFFIX)
+                and pid.isdigit()
+                and not _pid_alive(int(pid))
+            ):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+
+    def maybe_publish(self, force: bool = False) -> None:
+        import time
+
+        now = time.monotonic()
+        if not force and now - self._last < _METRICS_EVERY_S:
+            return
+        self._last = now
+        tmp = f"{self._path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(self._cache.metrics_text())
+            os.replace(tmp, self._path)
+        except OSError as e:
+            logger.debug("ucm: metrics not published to %s: %s", self._path, e)
+
+    def _remove(self) -> None:
+        for p in (self._path, f"{self._path}.tmp"):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
+_PUBLISHERS: dict[str, _MetricsPublisher] = {}
+
+
+def _publisher(cache, directory: str) -> _MetricsPublisher:
+    key = os.path.realpath(directory)
+    with _CACHES_LOCK:
+        p = _PUBLISHERS.get(key)
+        if p is None:
+            p = _PUBLISHERS[key] = _MetricsPublisher(cache, directory)
+        return p
 
 
 class UcmConnectorMetadata(KVConnectorMetadata):
@@ -126,6 +234,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             with open(extra["spec"], encoding="utf-8") as f:
                 toml = f.read()
         self._cache = shared_cache(toml, directory, tp, extra)
+        self._metrics = _publisher(self._cache, directory)
         mode = extra.get("load_mode", "auto")
         if mode not in ("auto", "sync", "async"):
             raise ValueError(f"ucm: load_mode `{mode}` (auto, sync or async)")
@@ -180,6 +289,15 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             n,
             self._sched.checkpoint_positions(request.request_id),
         )
+        if n > 0 and request.request_id not in self._reqs:
+            logger.info(
+                "ucm: request %s: %d of its %d prompt tokens from cache (%d held by vLLM)",
+                request.request_id,
+                int(num_computed_tokens) + int(n),
+                len(tokens),
+                int(num_computed_tokens),
+            )
+        self._metrics.maybe_publish()
         self._reqs[request.request_id] = {
             "req": request,
             "n": len(tokens),
@@ -377,6 +495,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
                 self._worker.save_kv_layer(layer)
                 self._saved.add(layer)
         self._worker.wait_for_save()
+        self._metrics.maybe_publish()
 
     def _poll(self, finished_req_ids):
         """Finished saves and loads, and this step's load errors."""
@@ -449,6 +568,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
                 self._worker.wait_for_save()
             except Exception as e:  # noqa: BLE001 - shutting down: report, go on
                 logger.warning("ucm: the last step's saves did not finish: %s", e)
+        self._metrics.maybe_publish(force=True)
 
 
 try:
