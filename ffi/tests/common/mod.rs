@@ -39,8 +39,15 @@ pub struct Engine {
 
 /// An instance on a fresh directory of its own.
 pub fn engine() -> Engine {
+    engine_with(SPEC)
+}
+
+/// An instance of `spec` (the layout of [`SPEC`]: a chain group on layer 0,
+/// 4 KiB states on layer 1; its retention may differ) on a fresh
+/// directory of its own.
+pub fn engine_with(spec: &str) -> Engine {
     let dir = tempfile::tempdir().unwrap();
-    let mut e = engine_in(dir.path(), 1);
+    let mut e = engine_of(spec, dir.path(), 1);
     e._dir = Some(dir);
     e
 }
@@ -48,9 +55,13 @@ pub fn engine() -> Engine {
 /// An instance on `dir` (shared with others), its memory filled with
 /// `fill` (64 blocks, 8 state slots).
 pub fn engine_in(dir: &std::path::Path, fill: u8) -> Engine {
+    engine_of(SPEC, dir, fill)
+}
+
+fn engine_of(spec: &str, dir: &std::path::Path, fill: u8) -> Engine {
     let mut opts = CacheOptions::new(dir);
     opts.store.pool_bytes = Some(2 << 20);
-    let cache = Cache::open(SpecTable::from_toml(SPEC).unwrap(), opts).unwrap();
+    let cache = Cache::open(SpecTable::from_toml(spec).unwrap(), opts).unwrap();
     let mem = vec![vec![fill; 4096 * 64], vec![fill ^ 0xff; 4096 * 8]];
     let mut worker = cache.worker(Backend::Host, 0, 0..2).unwrap();
     let regions: Vec<RawRegion> = mem
@@ -118,4 +129,12 @@ pub fn lookup(e: &mut Engine, req: &str, tokens: &[u32]) -> u64 {
     e.sched
         .get_num_new_matched_tokens(req, Arc::new(tokens.to_vec()), RequestKeys::default(), 0)
         .unwrap()
+}
+
+/// The value of the unlabelled Prometheus metric `name` in `text`.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
 }
