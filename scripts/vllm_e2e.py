@@ -13,6 +13,9 @@ Each engine runs in its own process (`run`); `all` compares them:
      equal the baseline's bit for bit, and the connector reports hits;
   3. `ucm` again, a second engine process on the same store (warm
      restart): every shared prefix hits from the first request on;
+     then cache identity: a checkpoint with other config bytes under the
+     same name (one more key in config.json) is served nothing, and the
+     unchanged deployment started again hits as the first restart did;
   4. negative control 1, corrupted bytes: every stored block file on disk
      has a byte flipped, then a fresh engine runs: the loads fail their
      checksums, are reported, vLLM recomputes, outputs still equal;
@@ -143,7 +146,12 @@ def run(args) -> None:
 
     model_dir = pathlib.Path(args.dir) / "models" / args.model
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(MODELS[args.model]))
+    config = dict(MODELS[args.model])
+    if args.config_marker:
+        # Another checkpoint under the same name: one more key in its
+        # config.json, nothing else (the weights are the same dummy ones).
+        config["ucm_e2e_marker"] = args.config_marker
+    (model_dir / "config.json").write_text(json.dumps(config))
     kw = {}
     if args.mode != "baseline":
         extra = {"dir": str(pathlib.Path(args.dir) / "store" / args.model), "model_id": args.model}
@@ -180,8 +188,15 @@ def run(args) -> None:
     # process stored: its first prompt's own prefix is not on the grid.
     order = [1, 0, 2, 3] if args.restarted else [0, 1, 2, 3]
     results = [None] * len(ps)
+    first_served = None
     for i in order:
         out = llm.generate([{"prompt_token_ids": ps[i]}], sp, use_tqdm=False)[0].outputs[0]
+        if first_served is None and args.mode != "baseline":
+            import ucm.vllm_connector as vc
+
+            # What the first prompt was served: only what earlier
+            # processes stored can serve it.
+            first_served = hit_tokens(vc.metrics_text())
         results[i] = {
             "tokens": list(out.token_ids),
             "logprobs": [{str(t): lp.logprob for t, lp in step.items()} for step in out.logprobs],
@@ -212,6 +227,7 @@ def run(args) -> None:
                 "results": results,
                 "metrics": metrics,
                 "decode_hit": decode_hit,
+                "first_served": first_served,
             }
         )
     )
@@ -253,12 +269,14 @@ def all_checks(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     failures = []
 
-    def engine(model: str, mode: str, tag: str) -> dict:
+    def engine(model: str, mode: str, tag: str, marker: str = "") -> dict:
         out = work / f"{model}-{tag}.json"
         t = time.time()
         cmd = [sys.executable, __file__, "run", "--model", model, "--mode", mode]
-        if tag in ("warm", "corrupt", "garble", "garble_st"):
+        if tag in ("warm", "changed", "again", "corrupt", "garble", "garble_st"):
             cmd.append("--restarted")
+        if marker:
+            cmd += ["--config-marker", marker]
         cmd += ["--dir", str(work), "--out", str(out)]
         log = work / f"{model}-{tag}.log"
         with open(log, "w") as fh:
@@ -323,6 +341,21 @@ def all_checks(args) -> int:
         check(whits >= 3, f"{model}: the second process hits what the first stored ({whits:.0f} hits)")
         check(metric(warm["metrics"], "ucm_disk_read_bytes_total") > 0,
               f"{model}: the second process reads the first one's blocks from disk")
+        # Cache identity: the same name with other config bytes shares no
+        # hit with what the first processes stored; the unchanged
+        # deployment, started again, still hits all of it.
+        # (Later prompts of one process hit what its own earlier prompts
+        # stored, so the check is on the first prompt of each process.)
+        changed = engine(model, "ucm", "changed", marker="other-checkpoint")
+        check(warm["first_served"] > 0 and changed["first_served"] == 0,
+              f"{model}: a checkpoint with other config bytes under the same name is served "
+              f"nothing of what the others stored ({changed['first_served']} tokens; the "
+              f"restart before it: {warm['first_served']})")
+        check(same(base, changed), f"{model}: the changed deployment's outputs equal the baseline")
+        again = engine(model, "ucm", "again")
+        check(again["first_served"] == warm["first_served"],
+              f"{model}: the unchanged deployment started again is served as the first restart "
+              f"was ({again['first_served']} tokens, {warm['first_served']} before)")
         flipped = flip_store_bytes(work / "store" / model)
         corrupt = engine(model, "ucm", "corrupt")
         failed = metric(corrupt["metrics"], "ucm_failed_loads_total")
@@ -436,6 +469,7 @@ def main() -> int:
     r.add_argument("--dir", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--restarted", action="store_true")
+    r.add_argument("--config-marker", default="")
     rd = sub.add_parser("readme")
     rd.add_argument("--model", choices=sorted(MODELS), required=True)
     rd.add_argument("--dir", required=True)

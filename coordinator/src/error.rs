@@ -23,6 +23,14 @@ pub enum CoordError {
     /// The spec table and a store disagree on geometry.
     #[error("geometry mismatch: {0}")]
     Geometry(String),
+    /// An `[identity]` field is malformed.
+    #[error("spec table: identity field `{field}`: {why}")]
+    Identity {
+        /// The field (`extra`, `groups.NAME`, `revision`, ...).
+        field: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] ucm_store::StoreError),

@@ -7,8 +7,11 @@
 //! ```text
 //! meta(r)       = UTF-8 of "{S.model}:{tp_size}:{S.dtype}:{r}{S.spec_info}{S.sparse_info}"
 //!                 r = 0 for all_union groups, the rank for intersection groups
-//! seed[g](r)    = md5(meta(r) || 0x00 || UTF-8 name of g || 0x00 || UTF-8 cache_salt)
-//!                 (no salt: the empty string; sidecars use their source's name)
+//! seed[g](r)    = md5(meta(r) || 0x00 || UTF-8 name of g || 0x00 || UTF-8 cache_salt
+//!                     [|| 0x00 || identity digest])
+//!                 (no salt: the empty string; sidecars use their source's name;
+//!                 the identity digest, 16 bytes, only when the table has an
+//!                 `[identity]`: see crate::identity for its canonical text)
 //! extra         = for each extra key k, in order: (len(k) as u32) || k
 //! id[g][0]      = md5(seed[g] || tokens[0 .. b) as u32 each || extra)
 //! id[g][i]      = md5(id[g][i-1] || tokens[i*b .. (i+1)*b) as u32 each || extra)
@@ -78,6 +81,10 @@ pub fn group_seed(
     h.update(named.name.as_bytes());
     h.update([0u8]);
     h.update(keys.cache_salt.as_deref().unwrap_or("").as_bytes());
+    if let Some(id) = &spec.identity {
+        h.update([0u8]);
+        h.update(id.digest);
+    }
     h.finalize().into()
 }
 

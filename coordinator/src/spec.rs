@@ -33,6 +33,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CoordError, Result};
+use crate::identity::{Identity, IdentityRow};
 use ucm_store::paths::{check_name, short};
 
 /// Most layers a model may have (layer indices lie below it).
@@ -311,6 +312,8 @@ struct SpecFile {
     sparse_info: String,
     #[serde(default)]
     note: Option<String>,
+    #[serde(default)]
+    identity: Option<IdentityRow>,
     group: Vec<GroupRow>,
 }
 
@@ -331,6 +334,9 @@ pub struct SpecTable {
     pub sparse_info: String,
     /// Total layers of the model, when given (layers must lie below it).
     pub num_layers: Option<u32>,
+    /// The deployment's identity, from an `[identity]` table: its digest
+    /// goes into every group seed ([`crate::identity`]).
+    pub identity: Option<Identity>,
     groups: Vec<Group>,
     by_name: HashMap<String, usize>,
 }
@@ -598,23 +604,41 @@ impl SpecTable {
             spec_info,
             sparse_info,
             num_layers,
+            identity: None,
             groups,
             by_name,
         })
+    }
+
+    /// The same table with the identity `row` ([`crate::identity`]): every
+    /// id it derives changes with any field of `row`.
+    pub fn with_identity(&self, row: &IdentityRow) -> Result<Self> {
+        let mut t = self.clone();
+        t.identity = Some(Identity::build(
+            &self.model,
+            &self.dtype,
+            &self.groups,
+            row,
+        )?);
+        Ok(t)
     }
 
     /// Parses and validates a TOML spec.
     pub fn from_toml(text: &str) -> Result<Self> {
         let f: SpecFile = toml::from_str(text).map_err(|e| CoordError::Spec(e.to_string()))?;
         let _ = f.note;
-        Self::build(
+        let t = Self::build(
             &f.model,
             &f.dtype,
             f.num_layers,
             f.spec_info,
             f.sparse_info,
             f.group,
-        )
+        )?;
+        match &f.identity {
+            Some(row) => t.with_identity(row),
+            None => Ok(t),
+        }
     }
 
     /// Reads, parses and validates a TOML spec file (a regular file of at

@@ -22,6 +22,8 @@ fn vectors() -> Value {
         ("x-hybrid-96.toml", 8, None, &[]),
         ("x-hybrid-96.toml", 8, Some("tenant-a"), &[b"lora:7"]),
         ("attn-mamba-hybrid.toml", 2, None, &[]),
+        // The same table with an [identity]: its digest in every seed.
+        ("attn-mamba-hybrid-pinned.toml", 2, None, &[]),
     ];
     let t = golden_tokens();
     let mut out = Vec::new();

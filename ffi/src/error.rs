@@ -33,9 +33,9 @@ impl FfiError {
         match self {
             FfiError::Invalid(_) => crate::c_api::UCM_ERR_INVALID,
             FfiError::Unsupported(_) => crate::c_api::UCM_ERR_UNSUPPORTED,
-            FfiError::Coord(CoordError::Spec(_) | CoordError::SpecFile { .. }) => {
-                crate::c_api::UCM_ERR_SPEC
-            }
+            FfiError::Coord(
+                CoordError::Spec(_) | CoordError::SpecFile { .. } | CoordError::Identity { .. },
+            ) => crate::c_api::UCM_ERR_SPEC,
             FfiError::Coord(CoordError::BadRequest(_) | CoordError::Geometry(_)) => {
                 crate::c_api::UCM_ERR_REQUEST
             }

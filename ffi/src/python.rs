@@ -74,6 +74,18 @@ impl PySpec {
         self.0.model.clone()
     }
 
+    /// The identity digest (hex) of the table's `[identity]`, or None.
+    #[getter]
+    fn identity(&self) -> Option<String> {
+        self.0.identity.as_ref().map(|i| i.hex())
+    }
+
+    /// The canonical text the identity digest is computed over, or None.
+    #[getter]
+    fn identity_text(&self) -> Option<String> {
+        self.0.identity.as_ref().map(|i| i.text.clone())
+    }
+
     /// The number of layers.
     #[getter]
     fn num_layers(&self) -> u32 {

@@ -98,7 +98,7 @@ class MambaPool:
         return [self.temporal[i].clone()] + [c[i].clone() for c in self.conv]
 
 
-def storage_config(tmp_path, tp_rank=0, tp_size=1, mla=False, **extra):
+def storage_config(tmp_path, tp_rank=0, tp_size=1, mla=False, model="test-model", **extra):
     return HiCacheStorageConfig(
         tp_rank=tp_rank,
         tp_size=tp_size,
@@ -109,7 +109,7 @@ def storage_config(tmp_path, tp_rank=0, tp_size=1, mla=False, **extra):
         is_mla_model=mla,
         enable_storage_metrics=False,
         is_page_first_layout=False,
-        model_name="test-model",
+        model_name=model,
         extra_config={
             "backend_name": "ucm",
             "module_path": "ucm.sglang_hicache",
@@ -234,6 +234,29 @@ def test_tp_ranks_keep_their_pages_and_mla_ranks_share_them(tmp_path):
     m1 = backend(tmp_path, KVPool(), tp_rank=1, tp_size=2, mla=True)
     assert m0.batch_set_v1(["k"], pages(0)) == [True]
     assert m1.batch_exists(["k"]) == 1
+
+
+def test_a_deployment_with_another_identity_is_served_nothing(tmp_path):
+    """The same model name with other config bytes, another KV dtype or
+    other user keys shares no page; the same deployment shares all."""
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text('{"rope_theta": 10000}')
+    (model / "model.safetensors").write_bytes(b"\0" * 64)
+    keys = [f"h{i}" for i in range(4)]
+    a = backend(tmp_path, KVPool(seed=9), model=str(model))
+    assert a.batch_set_v1(keys, pages(*range(4))) == [True] * 4
+    assert backend(tmp_path, KVPool(), model=str(model)).batch_exists(keys) == 4
+    assert backend(tmp_path, KVPool(), model=str(model), ucm_identity={"a": "1"}).batch_exists(keys) == 0
+    other_dtype = KVPool()
+    other_dtype.dtype = torch.float8_e4m3fn
+    assert backend(tmp_path, other_dtype, model=str(model)).batch_exists(keys) == 0
+    (model / "config.json").write_text('{"rope_theta": 500000}')
+    assert backend(tmp_path, KVPool(), model=str(model)).batch_exists(keys) == 0
+    (model / "config.json").write_text('{"rope_theta": 10000}')
+    assert backend(tmp_path, KVPool(), model=str(model)).batch_exists(keys) == 4
+    with pytest.raises(ValueError, match="ucm_identity"):
+        backend(tmp_path, KVPool(), ucm_identity="x")
 
 
 def test_the_older_interface_over_host_tensors(tmp_path):

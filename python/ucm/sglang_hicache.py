@@ -6,7 +6,8 @@ Loaded by SGLang's ``--hicache-storage-backend dynamic`` with
     {"backend_name": "ucm", "module_path": "ucm.sglang_hicache",
      "class_name": "UcmHiCacheStorage", "ucm_dir": "/path/to/store"}
 
-Optional keys: ``ucm_pool_bytes`` (memory tier per component store,
+Optional keys: ``ucm_identity`` (a dict of names to strings added to the
+deployment's identity), ``ucm_pool_bytes`` (memory tier per component store,
 default 256 MiB), ``ucm_disk_blocks`` (block files before GC per store,
 default 2^20), ``ucm_workers``, ``ucm_durable_wait`` (a set returns once its
 pages are on disk, where every other instance sees them, not only in this
@@ -35,8 +36,13 @@ that was not read or written, never a silent ``True``.
 
 Keys are SGLang's page hashes; the block id is MD5 of the key with the
 model name, and the TP rank unless the model is MLA (whose ranks hold the
-same bytes), the pipeline stage and the DCP rank, so instances of one
-deployment share pages and other deployments never collide.
+same bytes), the pipeline stage and the DCP rank, and the deployment's
+identity (``ucm.identity.key_identity``: the model's revision and a
+fingerprint of its config and weight-index files, from its path; the KV
+host pool's layout and dtype; and ``ucm_identity``, a dict of the user's
+own keys), so instances of one deployment share pages and other
+deployments, a checkpoint written over another under the same name
+included, never collide.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ucm._components import ComponentStores
+from ucm.identity import key_identity, pool_layout
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +166,9 @@ class UcmHiCacheStorage(HiCacheStorage):
         self._durable = bool(extra.get("ucm_durable_wait", True))
         c = storage_config
         rank = "mla" if c.is_mla_model else f"tp{c.tp_rank}of{c.tp_size}"
-        self._tag = f"{c.model_name or ''}|{rank}|pp{c.pp_rank}of{c.pp_size}|dcp{c.dcp_rank}of{c.dcp_size}|"
+        self._base_tag = f"{c.model_name or ''}|{rank}|pp{c.pp_rank}of{c.pp_size}|dcp{c.dcp_rank}of{c.dcp_size}|"
+        self._user_identity = extra.get("ucm_identity")
+        self._tag = self._base_tag + key_identity(c.model_name, self._user_identity, None) + "|"
         self._pools: Dict[str, _PoolStores] = {}
         pool = (kwargs or {}).get("mem_pool_host") if isinstance(kwargs, dict) else None
         if pool is not None:
@@ -171,6 +180,12 @@ class UcmHiCacheStorage(HiCacheStorage):
         """The KV host pool (the anchor)."""
         super().register_mem_pool_host(mem_pool_host)
         self._pools[KV] = _PoolStores(KV, mem_pool_host, self._root, self._opts)
+        # The KV pool's layout and dtype are part of the identity.
+        self._tag = (
+            self._base_tag
+            + key_identity(self.storage_config.model_name, self._user_identity, pool_layout(mem_pool_host))
+            + "|"
+        )
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         """A further host pool (Mamba, SWA, indexer, ...) for the v2 calls."""

@@ -12,7 +12,10 @@ Use::
 ``kv_connector_extra_config`` keys: ``dir`` (the store directory; or the
 ``UCM_DIR`` environment variable), ``spec`` (a spec file replacing the one
 derived from vLLM's ``KVCacheConfig``), ``model_id`` (the model's name in
-the hashes; default: vLLM's model path), ``pool_bytes``, ``disk_blocks``,
+the hashes; default: vLLM's model path), ``identity`` (a dict of names to
+strings added to the deployment's cache identity, which the connector builds
+from vLLM's config: revision, weights fingerprint, quantization, position
+encoding, each group's KV dtype and layout; see ``ucm.identity``), ``pool_bytes``, ``disk_blocks``,
 ``lookahead``, ``remote`` (a Redis or Valkey cluster below the disk,
 ``redis://host:port,...``; or ``UCM_REMOTE``), ``cold`` (an S3 bucket below
 that, ``s3://bucket/prefix?endpoint=...``; or ``UCM_COLD``), ``no_disk``
@@ -59,6 +62,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 import ucm
+from ucm.identity import with_identity
 from ucm.vllm_layout import page_view, plan_from_kv_cache_config
 
 try:
@@ -233,6 +237,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         if extra.get("spec"):
             with open(extra["spec"], encoding="utf-8") as f:
                 toml = f.read()
+        toml = with_identity(toml, vllm_config, kv_cache_config, self._plan, extra.get("identity"))
         self._cache = shared_cache(toml, directory, tp, extra)
         self._metrics = _publisher(self._cache, directory)
         mode = extra.get("load_mode", "auto")

@@ -58,7 +58,9 @@ pub fn engine_in(dir: &std::path::Path, fill: u8) -> Engine {
     engine_of(SPEC, dir, fill)
 }
 
-fn engine_of(spec: &str, dir: &std::path::Path, fill: u8) -> Engine {
+/// An instance of `spec` (the layout of [`SPEC`]) on `dir`, its memory
+/// filled with `fill`.
+pub fn engine_of(spec: &str, dir: &std::path::Path, fill: u8) -> Engine {
     let mut opts = CacheOptions::new(dir);
     opts.store.pool_bytes = Some(2 << 20);
     let cache = Cache::open(SpecTable::from_toml(spec).unwrap(), opts).unwrap();
