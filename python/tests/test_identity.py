@@ -15,18 +15,9 @@ kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
 
 import ucm  # noqa: E402
 from ucm.identity import model_revision, weights_fingerprint, with_identity  # noqa: E402
+from vllm_fakes import Group, KvConfig  # noqa: E402
 from ucm.vllm_layout import plan_from_kv_cache_config  # noqa: E402
 
-
-class Group:
-    def __init__(self, names, spec):
-        self.layer_names = names
-        self.kv_cache_spec = spec
-
-
-class KvConfig:
-    def __init__(self, groups):
-        self.kv_cache_groups = groups
 
 
 def kv_config(heads=2, head=64, dtype=torch.float32, block=128):

@@ -10,18 +10,9 @@ torch = pytest.importorskip("torch")
 kvi = pytest.importorskip("vllm.v1.kv_cache_interface")
 
 import ucm  # noqa: E402
+from vllm_fakes import Group, KvConfig  # noqa: E402
 from ucm.vllm_layout import page_view, plan_from_kv_cache_config  # noqa: E402
 
-
-class Group:
-    def __init__(self, names, spec):
-        self.layer_names = names
-        self.kv_cache_spec = spec
-
-
-class Config:
-    def __init__(self, groups):
-        self.kv_cache_groups = groups
 
 
 def attn(block=128, window=None):
@@ -38,7 +29,7 @@ def test_a_hybrid_config_becomes_a_valid_spec_table():
         dtypes=(torch.float32, torch.float32),
         page_size_padded=attn().page_size_bytes,
     )
-    cfg = Config(
+    cfg = KvConfig(
         [
             Group(["model.layers.0.mixer", "model.layers.2.mixer"], mamba),
             Group(["model.layers.1.attn"], attn()),
@@ -67,7 +58,7 @@ def test_an_unknown_group_kind_is_refused_by_name():
         page_size_bytes = 4096
 
     with pytest.raises(ValueError, match="Odd"):
-        plan_from_kv_cache_config(Config([Group(["model.layers.0.x"], Odd())]), "m", 1)
+        plan_from_kv_cache_config(KvConfig([Group(["model.layers.0.x"], Odd())]), "m", 1)
 
 
 def test_layouts():
