@@ -352,6 +352,11 @@ def all_checks(args) -> int:
               f"nothing of what the others stored ({changed['first_served']} tokens; the "
               f"restart before it: {warm['first_served']})")
         check(same(base, changed), f"{model}: the changed deployment's outputs equal the baseline")
+        note = [l for l in (work / f"{model}-changed.log").read_text().splitlines()
+                if "served nothing; the store holds" in l]
+        check(len(note) == 1 and "INFO" in note[0] and "weights:" in note[0],
+              f"{model}: the changed deployment says once, at INFO, that the store holds another "
+              f"identity of the model and what differs ({note[0].strip()[:160] if note else 'none'})")
         again = engine(model, "ucm", "again")
         check(again["first_served"] == warm["first_served"],
               f"{model}: the unchanged deployment started again is served as the first restart "

@@ -19,6 +19,7 @@
 
 pub mod bench;
 pub mod explain;
+pub mod identities;
 pub mod info;
 pub mod replay;
 pub mod scratch;

@@ -43,6 +43,10 @@ enum Cmd {
         /// the file system). Defaults to the system temp directory.
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Instead: list the deployments' identities this store directory
+        /// holds, with their bytes and idle time.
+        #[arg(long)]
+        store: Option<PathBuf>,
     },
     /// Replay a workload end to end on the host device (simulated engine,
     /// content oracle) in every mode, and report.
@@ -60,7 +64,9 @@ enum Cmd {
     },
     /// Remove what killed runs left behind: `--stale` removes the scratch
     /// stores (`ucm-<kind>.<writer>.<n>`) of `replay`, `explain` and the
-    /// benches whose writer process is gone, in `--dir`.
+    /// benches whose writer process is gone, in `--dir`. `--store DIR`
+    /// removes deployments' identities (`--identity D`, or those idle
+    /// longer than `--max-idle DAYS`) with their stores.
     Gc(GcArgs),
 }
 
@@ -74,6 +80,18 @@ struct GcArgs {
     /// directory: where the CLI puts its scratch stores).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// A store directory whose deployments' identities to remove: one
+    /// (`--identity`) or the idle ones (`--max-idle`).
+    #[arg(long, conflicts_with_all = ["stale", "dir"])]
+    store: Option<PathBuf>,
+    /// With --store: the identity (digest, as `ucm info --store` lists it)
+    /// to remove with its stores.
+    #[arg(long, requires = "store")]
+    identity: Option<String>,
+    /// With --store: remove every identity not used for more than this
+    /// many days.
+    #[arg(long, requires = "store", conflicts_with = "identity")]
+    max_idle: Option<f64>,
 }
 
 #[derive(Args)]
@@ -483,7 +501,16 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Info { json, dir } => info(json, dir),
+        Cmd::Info {
+            json,
+            store: Some(store),
+            ..
+        } => identities_info(json, &store),
+        Cmd::Info {
+            json,
+            dir,
+            store: None,
+        } => info(json, dir),
         Cmd::Gc(args) => gc(args),
         Cmd::Explain(args) => explain(args),
         Cmd::Trace(args) => trace(args),
@@ -701,6 +728,20 @@ fn explain(a: ExplainArgs) -> Result<(), String> {
 }
 
 fn gc(a: GcArgs) -> Result<(), String> {
+    if let Some(store) = &a.store {
+        let idle = match a.max_idle {
+            Some(d) if (0.0..1e6).contains(&d) => {
+                Some(std::time::Duration::from_secs_f64(d * 86_400.0))
+            }
+            Some(d) => return Err(format!("--max-idle {d}: give days, 0 to 1e6")),
+            None => None,
+        };
+        println!(
+            "{}",
+            ucm::identities::gc(store, a.identity.as_deref(), idle)?
+        );
+        return Ok(());
+    }
     if !a.stale {
         return Err("say what to remove: --stale (the scratch stores of killed runs)".into());
     }
@@ -991,6 +1032,19 @@ fn trace(a: TraceArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string(&s).map_err(|e| e.to_string())?);
     } else {
         print!("{}", trace::render_summary(&a.file, &s));
+    }
+    Ok(())
+}
+
+fn identities_info(json: bool, store: &std::path::Path) -> Result<(), String> {
+    let rows = ucm::identities::rows(store)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&rows).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", ucm::identities::render_text(store, &rows));
     }
     Ok(())
 }

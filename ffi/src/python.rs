@@ -225,6 +225,13 @@ impl PyCache {
         }
     }
 
+    /// When the store directory holds other identities of this model than
+    /// this cache's: which, and what differs (a note for the operator,
+    /// worth logging when a lookup serves nothing); else None.
+    fn identity_note(&self, py: Python<'_>) -> Option<String> {
+        py.detach(|| self.0.identity_note())
+    }
+
     /// Metrics in the Prometheus text format.
     fn metrics_text(&self) -> String {
         self.0.prometheus()

@@ -200,6 +200,13 @@ impl Cache {
         &self.opts.dir
     }
 
+    /// When the store directory holds other identities of this model than
+    /// this cache's own: which, and what differs
+    /// ([`ucm_coordinator::adapter::identities::others_note`]).
+    pub fn identity_note(&self) -> Option<String> {
+        ucm_coordinator::adapter::identities::others_note(&self.opts.dir, &self.spec)
+    }
+
     /// Counters and histograms of this cache.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics

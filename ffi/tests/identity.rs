@@ -64,3 +64,129 @@ fn a_deployment_that_differs_in_any_field_is_served_nothing_and_the_same_one_eve
     let mut e = engine_of(&spec, dir.path(), 2);
     assert_eq!(lookup(&mut e, "c", &next), 64);
 }
+
+/// Saves one request of 64 tokens through a fresh instance of `spec` on
+/// `dir`.
+fn save_one(spec: &str, dir: &std::path::Path) {
+    let mut e = engine_of(spec, dir, 1);
+    let tokens: Vec<u32> = (0..64).collect();
+    lookup(&mut e, "a", &tokens);
+    e.sched
+        .update_state_after_alloc("a", alloc(0..4, 0), 0)
+        .unwrap();
+    step(&mut e, "a", 0, 64);
+    e.sched.request_finished("a");
+}
+
+#[test]
+fn each_identity_keeps_its_stores_apart_is_listed_with_its_bytes_and_can_be_dropped() {
+    use ucm_coordinator::adapter::identities;
+    use ucm_coordinator::SpecTable;
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("{SPEC}{IDENTITY}");
+    let b = format!("{SPEC}{}", IDENTITY.replacen("r1", "r2", 1));
+    save_one(&a, dir.path());
+    save_one(&b, dir.path());
+    let (ta, tb) = (
+        SpecTable::from_toml(&a).unwrap(),
+        SpecTable::from_toml(&b).unwrap(),
+    );
+    let (ha, hb) = (
+        ta.identity.as_ref().unwrap().hex(),
+        tb.identity.as_ref().unwrap().hex(),
+    );
+    // Stores under id-<digest>/<group>, with the canonical text beside.
+    for (t, h) in [(&ta, &ha), (&tb, &hb)] {
+        let root = dir.path().join(format!("id-{h}"));
+        assert!(root.join("attn").is_dir() && root.join("ssm").is_dir());
+        let text = std::fs::read_to_string(root.join("IDENTITY")).unwrap();
+        assert_eq!(text, t.identity.as_ref().unwrap().text);
+    }
+    assert!(
+        !dir.path().join("attn").exists(),
+        "nothing at the old place"
+    );
+    let listed = identities::list(dir.path()).unwrap();
+    assert_eq!(listed.iter().map(|e| e.hex.clone()).collect::<Vec<_>>(), {
+        let mut v = vec![ha.clone(), hb.clone()];
+        v.sort();
+        v
+    });
+    for e in &listed {
+        assert_eq!(e.model, "runtime-tests");
+        // 4 blocks of 4 KiB and a state of 4 KiB at least.
+        assert!(e.bytes >= 5 * 4096, "{} holds {} bytes", e.hex, e.bytes);
+    }
+    // What differs, for the operator.
+    let note = identities::others_note(dir.path(), &ta).unwrap();
+    assert!(
+        note.contains(&hb) && note.contains("revision: \"r1\" -> \"r2\""),
+        "{note}"
+    );
+    assert!(identities::others_note(dir.path(), &SpecTable::from_toml(SPEC).unwrap()).is_none());
+    // Dropping b leaves a whole: a still hits.
+    let freed = identities::remove(dir.path(), &hb).unwrap();
+    assert!(freed >= 5 * 4096);
+    assert!(!dir.path().join(format!("id-{hb}")).exists());
+    assert!(identities::others_note(dir.path(), &ta).is_none());
+    let mut e = engine_of(&a, dir.path(), 2);
+    let next: Vec<u32> = (0..80).collect();
+    assert_eq!(lookup(&mut e, "c", &next), 64);
+    // Bad digests are refused.
+    assert!(identities::remove(dir.path(), &hb).is_err());
+    assert!(identities::remove(dir.path(), "../x").is_err());
+}
+
+#[test]
+fn idle_identities_age_out_when_stores_open_and_the_opener_keeps_its_own() {
+    use ucm_coordinator::adapter::identities;
+    use ucm_coordinator::SpecTable;
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("{SPEC}{IDENTITY}");
+    let b = format!("{SPEC}{}", IDENTITY.replacen("r1", "r2", 1));
+    save_one(&a, dir.path());
+    let ha = SpecTable::from_toml(&a).unwrap().identity.unwrap().hex();
+    // a was last used 30 days ago.
+    let file = dir.path().join(format!("id-{ha}")).join("IDENTITY");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(30 * 86_400);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    // Nothing idle for over 40 days: kept.
+    assert!(identities::expire(
+        dir.path(),
+        std::time::Duration::from_secs(40 * 86_400),
+        None
+    )
+    .unwrap()
+    .is_empty());
+    // b opens its stores (default: 14 days): a goes, b stays.
+    save_one(&b, dir.path());
+    let left: Vec<String> = identities::list(dir.path())
+        .unwrap()
+        .into_iter()
+        .map(|e| e.hex)
+        .collect();
+    let hb = SpecTable::from_toml(&b).unwrap().identity.unwrap().hex();
+    assert_eq!(left, vec![hb.clone()]);
+    // Opening marks as used: b's IDENTITY, made old, is fresh again.
+    let fb = dir.path().join(format!("id-{hb}")).join("IDENTITY");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&fb)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    save_one(&b, dir.path());
+    let m = std::fs::metadata(&fb).unwrap();
+    assert!(m.modified().unwrap().elapsed().unwrap() < std::time::Duration::from_secs(60));
+    // Its own identity is never expired by its own open, however idle.
+    assert!(
+        identities::expire(dir.path(), std::time::Duration::ZERO, Some(&hb))
+            .unwrap()
+            .is_empty()
+    );
+}

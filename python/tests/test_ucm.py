@@ -333,3 +333,23 @@ def test_hostile_inputs_are_clear_errors_never_hangs_or_wraps(tmp_path):
     # The same block on its two shards is fine.
     t = store.dump([block, block], [0, 1], [a, a + 4096])
     store.wait(t)
+
+
+def test_the_identity_note_names_another_identity_of_the_model_and_what_differs(tmp_path):
+    """Two deployments of one model that differ in revision, on one store
+    directory: each is told of the other, with the field that differs;
+    a table without an identity is told nothing."""
+    store = str(tmp_path / "store")
+    ident = '\n[identity]\nrevision = "{}"\n'
+    a = ucm.Cache(ucm.SpecTable.from_toml(SPEC + ident.format("r1")), store)
+    b = ucm.Cache(ucm.SpecTable.from_toml(SPEC + ident.format("r2")), store)
+    tokens = list(range(64))
+    for c in (a, b):
+        # A lookup opens the scheduler's view of the stores, which records
+        # the identity in the directory.
+        assert c.scheduler().get_num_new_matched_tokens("x", tokens, 0) == 0
+    note = a.identity_note()
+    assert note is not None and 'revision: "r1" -> "r2"' in note, note
+    assert 'revision: "r2" -> "r1"' in b.identity_note()
+    plain = ucm.Cache(ucm.SpecTable.from_toml(SPEC), store)
+    assert plain.identity_note() is None

@@ -16,6 +16,13 @@ BlockStore (crash-safe disk tier, checksums, durable waits):
   succeed (a missing block, a failed copy, a failed durable write);
   ``check(task)`` polls.
 
+Keys are upstream's: the block ids upstream's connector computes are
+stored as given, so this module adds no cache identity of its own (the
+deployment's identity is what upstream's connector hashes into its ids).
+Use UCM's own vLLM connector (``ucm.vllm_connector``) for ids that carry
+the model revision, weights fingerprint, quantization, KV dtype, layout
+and position encoding.
+
 Geometry comes from the configuration dict as upstream's: ``block_size``
 (bytes of a block), ``shard_size`` (bytes of one shard of it) and the
 tensors of a shard, ``tensor_size_list`` (bytes of each, as upstream's

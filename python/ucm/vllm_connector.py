@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -250,6 +251,8 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             mode == "auto" and len(kv_cache_config.kv_cache_groups) > 1
         )
         self._load_errors: list = []
+        self._identity_noted = False
+        self._identity_checked = None
         self._sabotage = extra.get("sabotage")
         if self._sabotage not in (None, "garble_loads", "garble_states"):
             raise ValueError(f"ucm: unknown sabotage `{self._sabotage}`")
@@ -294,6 +297,17 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             n,
             self._sched.checkpoint_positions(request.request_id),
         )
+        if n == 0 and num_computed_tokens == 0 and not self._identity_noted:
+            # Once: a miss may be another deployment's data (another
+            # revision, dtype, ... of the same model) in the same store.
+            # The directory is looked at on a miss at most every 10 minutes.
+            now = time.monotonic()
+            if self._identity_checked is None or now - self._identity_checked > 600:
+                self._identity_checked = now
+                note = self._cache.identity_note()
+                if note:
+                    self._identity_noted = True
+                    logger.info("ucm: request %s served nothing; %s", request.request_id, note)
         if n > 0 and request.request_id not in self._reqs:
             logger.info(
                 "ucm: request %s: %d of its %d prompt tokens from cache (%d held by vLLM)",

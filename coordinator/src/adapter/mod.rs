@@ -19,6 +19,7 @@
 //! inside the graph after the layer's kernels, so the store's copies wait
 //! for it on the device.
 
+pub mod identities;
 pub mod scheduler;
 pub mod stores;
 pub mod units;
@@ -27,7 +28,7 @@ pub mod worker;
 pub use scheduler::{
     Allocation, ConnectorMeta, EngineRequest, ReqMeta, Scheduled, Scheduler, StateSave,
 };
-pub use stores::{GroupCounters, StoreSet, StoreSetConfig};
+pub use stores::{GroupCounters, StoreSet, StoreSetConfig, IDENTITY_MAX_IDLE};
 pub use units::{Unit, UnitMap};
 pub use worker::{
     AdapterMetrics, Finished, LayerRegistration, LoadCause, LoadError, Sabotage, Worker,

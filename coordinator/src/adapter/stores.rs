@@ -57,7 +57,14 @@ pub struct StoreSetConfig {
     /// shared file system, where a `syncfs` would also write back what
     /// other programs left dirty).
     pub sync: SyncMode,
+    /// Identities of the directory not used for longer than this are
+    /// removed when stores open (`None`: never); see
+    /// [`super::identities`].
+    pub identity_max_idle: Option<Duration>,
 }
+
+/// The default of [`StoreSetConfig::identity_max_idle`]: 14 days.
+pub const IDENTITY_MAX_IDLE: Duration = Duration::from_secs(14 * 24 * 3600);
 
 impl Default for StoreSetConfig {
     fn default() -> Self {
@@ -73,6 +80,7 @@ impl Default for StoreSetConfig {
             cold: None,
             no_disk: false,
             sync: SyncMode::Auto,
+            identity_max_idle: Some(IDENTITY_MAX_IDLE),
         }
     }
 }
@@ -166,14 +174,18 @@ fn remote_namespace(group: &str) -> String {
 /// The stores of one model on device `D`.
 pub struct StoreSet<D: Device> {
     dir: PathBuf,
+    used: Option<super::identities::UseMark>,
     chain: HashMap<usize, TieredBlockStore<D>>,
     snap: HashMap<usize, TieredSnapshotStore<D>>,
     shard_bytes: HashMap<usize, usize>,
 }
 
 impl<D: Device> StoreSet<D> {
-    /// Opens (or creates) every group's store under `dir/<group name>`. A
-    /// directory or shared pool of another geometry is an error.
+    /// Opens (or creates) every group's store under `dir/<group name>`, or
+    /// `dir/id-<digest>/<group name>` for a table with an identity (which
+    /// is recorded there and marked as used; identities idle longer than
+    /// [`StoreSetConfig::identity_max_idle`] are removed). A directory or
+    /// shared pool of another geometry is an error.
     pub fn open(
         spec: &SpecTable,
         units: &UnitMap,
@@ -191,6 +203,20 @@ impl<D: Device> StoreSet<D> {
                 .build()
                 .map_err(ucm_store::StoreError::from)?,
         );
+        let mut used = None;
+        let root = super::identities::store_root(dir, spec);
+        if let (Some(id), false) = (&spec.identity, cfg.no_disk) {
+            super::identities::record(dir, id)?;
+            used = Some(super::identities::UseMark::new(&root));
+            if let Some(idle) = cfg.identity_max_idle {
+                for (hex, bytes) in super::identities::expire(dir, idle, Some(&id.hex()))? {
+                    log::info!(
+                        "ucm: removed identity {hex} ({bytes} bytes), unused for over {} days",
+                        idle.as_secs() / 86_400
+                    );
+                }
+            }
+        }
         let mut chain = HashMap::new();
         let mut snap = HashMap::new();
         let mut sizes = HashMap::new();
@@ -242,7 +268,7 @@ impl<D: Device> StoreSet<D> {
             let blocks = if cfg.no_disk {
                 TieredBlockStore::without_disk(Arc::clone(&dev), pool, below, bcfg)?
             } else {
-                let mut dcfg = DiskConfig::new(dir.join(&g.name), geo, cfg.disk_blocks);
+                let mut dcfg = DiskConfig::new(root.join(&g.name), geo, cfg.disk_blocks);
                 dcfg.sync = cfg.sync;
                 let disk = DiskTier::open(dcfg, Arc::clone(&engine))?;
                 TieredBlockStore::with_tiers(Arc::clone(&dev), pool, disk, below, bcfg)?
@@ -256,6 +282,7 @@ impl<D: Device> StoreSet<D> {
         }
         Ok(StoreSet {
             dir: dir.to_path_buf(),
+            used,
             chain,
             snap,
             shard_bytes: sizes,
@@ -267,9 +294,18 @@ impl<D: Device> StoreSet<D> {
         self.chain.get(&group)
     }
 
-    /// The directory the stores live under (`<dir>/<group name>`).
+    /// The store directory (the stores live under `<dir>/<group name>`,
+    /// or `<dir>/id-<digest>/<group name>`).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Marks this deployment's identity as used (at most every
+    /// [`super::identities::TOUCH_EVERY`]; a no-op without one).
+    pub fn note_use(&self) {
+        if let Some(u) = &self.used {
+            u.used();
+        }
     }
 
     /// The block store under any group's instance: a chain or sidecar

@@ -441,6 +441,7 @@ impl<D: Device> Worker<D> {
         if self.step.is_some() {
             self.wait_for_save()?;
         }
+        self.stores.note_use();
         self.step = Some(Step {
             meta,
             next: 0,
