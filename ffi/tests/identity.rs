@@ -183,6 +183,11 @@ fn idle_identities_age_out_when_stores_open_and_the_opener_keeps_its_own() {
     save_one(&b, dir.path());
     let m = std::fs::metadata(&fb).unwrap();
     assert!(m.modified().unwrap().elapsed().unwrap() < std::time::Duration::from_secs(60));
+    // What an interrupted removal left is cleared.
+    let left = dir.path().join(".id-0123.gone.7");
+    std::fs::create_dir_all(left.join("attn")).unwrap();
+    identities::expire(dir.path(), std::time::Duration::from_secs(86_400), None).unwrap();
+    assert!(!left.exists());
     // Its own identity is never expired by its own open, however idle.
     assert!(
         identities::expire(dir.path(), std::time::Duration::ZERO, Some(&hb))

@@ -271,14 +271,28 @@ pub fn remove(dir: &Path, hex: &str) -> Result<u64> {
 pub fn expire(dir: &Path, max_idle: Duration, keep: Option<&str>) -> Result<Vec<(String, u64)>> {
     let now = SystemTime::now();
     let mut out = Vec::new();
+    // What an interrupted removal left (renamed away, not yet removed).
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let left = name.starts_with(&format!(".{PREFIX}")) && name.contains(".gone.");
+            if left && e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
     for e in list(dir)? {
         if Some(e.hex.as_str()) == keep {
             continue;
         }
         let idle = now.duration_since(e.last_used).unwrap_or(Duration::ZERO);
         if idle > max_idle {
-            let bytes = remove(dir, &e.hex)?;
-            out.push((e.hex, bytes));
+            match remove(dir, &e.hex) {
+                Ok(bytes) => out.push((e.hex, bytes)),
+                // Another process removed it meanwhile.
+                Err(_) if !dir.join(format!("{PREFIX}{}", e.hex)).exists() => {}
+                Err(err) => return Err(err),
+            }
         }
     }
     Ok(out)

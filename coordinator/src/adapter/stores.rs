@@ -209,11 +209,17 @@ impl<D: Device> StoreSet<D> {
             super::identities::record(dir, id)?;
             used = Some(super::identities::UseMark::new(&root));
             if let Some(idle) = cfg.identity_max_idle {
-                for (hex, bytes) in super::identities::expire(dir, idle, Some(&id.hex()))? {
-                    log::info!(
-                        "ucm: removed identity {hex} ({bytes} bytes), unused for over {} days",
-                        idle.as_secs() / 86_400
-                    );
+                // Ageing out is housekeeping: it never fails an open.
+                match super::identities::expire(dir, idle, Some(&id.hex())) {
+                    Ok(gone) => {
+                        for (hex, bytes) in gone {
+                            log::info!(
+                                "ucm: removed identity {hex} ({bytes} bytes), unused for over {} days",
+                                idle.as_secs() / 86_400
+                            );
+                        }
+                    }
+                    Err(e) => log::warn!("ucm: idle identities were not removed: {e}"),
                 }
             }
         }
