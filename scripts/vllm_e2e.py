@@ -450,6 +450,12 @@ def readme(args) -> None:
     first = seq(11, 2 * block)
     sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": first}], sp, use_tqdm=False)[0].outputs[0]
+    # Under engine multiprocessing the worker runs in a process of its own:
+    # its memory tier is its own, and the scheduler sees a block once the
+    # worker's disk tier has written it, behind the step. A turn sent at
+    # once may miss (a miss, never a wrong hit); a user's next turn comes
+    # seconds later, as here.
+    time.sleep(3)
     turn2 = first + seq(12, 200)
     llm.generate([{"prompt_token_ids": turn2}], sp, use_tqdm=False)
     import ucm.vllm_connector as vc
