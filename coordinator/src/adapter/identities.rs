@@ -248,13 +248,20 @@ pub fn remove(dir: &Path, hex: &str) -> Result<u64> {
             "`{hex}` is not an identity digest (32 lowercase hex digits)"
         )));
     }
-    let Some(e) = list(dir)?.into_iter().find(|e| e.hex == hex) else {
+    if !scan(dir, false)?.iter().any(|e| e.hex == hex) {
         return Err(CoordError::BadRequest(format!(
             "{} holds no identity {hex}",
             dir.display()
         )));
-    };
+    }
+    remove_listed(dir, hex)
+}
+
+/// Removes the listed identity `hex`; returns the bytes its tree held
+/// (walked here, for this identity only).
+fn remove_listed(dir: &Path, hex: &str) -> Result<u64> {
     let path = dir.join(format!("{PREFIX}{hex}"));
+    let bytes = tree_bytes(&path);
     // Renamed first, so a concurrent open never sees half a tree under the
     // live name; then removed (remove_dir_all never follows links).
     let gone = dir.join(format!(
@@ -263,7 +270,7 @@ pub fn remove(dir: &Path, hex: &str) -> Result<u64> {
     ));
     fs::rename(&path, &gone).map_err(fs_err("rename", &path))?;
     fs::remove_dir_all(&gone).map_err(fs_err("remove", &gone))?;
-    Ok(e.bytes)
+    Ok(bytes)
 }
 
 /// Removes every identity of `dir` not used for longer than `max_idle`,
@@ -281,13 +288,14 @@ pub fn expire(dir: &Path, max_idle: Duration, keep: Option<&str>) -> Result<Vec<
             }
         }
     }
-    for e in list(dir)? {
+    // Runs at every store open: no tree is walked but the removed ones'.
+    for e in scan(dir, false)? {
         if Some(e.hex.as_str()) == keep {
             continue;
         }
         let idle = now.duration_since(e.last_used).unwrap_or(Duration::ZERO);
         if idle > max_idle {
-            match remove(dir, &e.hex) {
+            match remove_listed(dir, &e.hex) {
                 Ok(bytes) => out.push((e.hex, bytes)),
                 // Another process removed it meanwhile.
                 Err(_) if !dir.join(format!("{PREFIX}{}", e.hex)).exists() => {}
