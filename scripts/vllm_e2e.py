@@ -19,7 +19,8 @@ Each engine runs in its own process (`run`); `all` compares them:
   4. negative control 1, corrupted bytes: every stored block file on disk
      has a byte flipped, then a fresh engine runs: the loads fail their
      checksums, are reported, vLLM recomputes, outputs still equal;
-  5. negative control 2, checksums bypassed (sabotage `garble_loads`: the
+  5. negative control 2, checksums bypassed (`scripts/ucm_sabotage.py`, a
+     test-only subclass of the connector, `garble_loads`: the
      loaded bytes are altered in the engine's memory after the load):
      outputs differ, proving the loaded bytes are used.
 
@@ -155,11 +156,20 @@ def run(args) -> None:
     kw = {}
     if args.mode != "baseline":
         extra = {"dir": str(pathlib.Path(args.dir) / "store" / args.model), "model_id": args.model}
+        connector, module = "UcmConnector", "ucm.vllm_connector"
         if args.mode in ("garble_loads", "garble_states"):
+            # The negative controls: a test-only subclass beside this
+            # script (not in the wheel), importable by the engine process.
             extra["sabotage"] = args.mode
+            connector, module = "SabotagedUcmConnector", "ucm_sabotage"
+            here = str(pathlib.Path(__file__).resolve().parent)
+            sys.path.insert(0, here)
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                p for p in (here, os.environ.get("PYTHONPATH")) if p
+            )
         kw["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="UcmConnector",
-            kv_connector_module_path="ucm.vllm_connector",
+            kv_connector=connector,
+            kv_connector_module_path=module,
             kv_role="kv_both",
             kv_connector_extra_config=extra,
             kv_load_failure_policy="recompute",

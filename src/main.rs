@@ -219,6 +219,10 @@ struct ReplayArgs {
     /// Simulated compute per prompt token not served, in microseconds.
     #[arg(long, default_value_t = 60.0)]
     compute_us_per_token: f64,
+    /// Runs of each mode that loads (not with `--trace`): the TTFT columns
+    /// are the median over them, and the spread is printed below the table.
+    #[arg(long)]
+    runs: Option<usize>,
     /// Directory of the stores (default: /dev/shm when present).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -543,6 +547,12 @@ fn main() -> ExitCode {
     }
 }
 
+#[cfg(not(feature = "redis"))]
+fn bench_remote(_: RemoteArgs) -> Result<(), String> {
+    Err("`ucm bench remote` needs a build with the `redis` feature".into())
+}
+
+#[cfg(feature = "redis")]
 fn bench_remote(a: RemoteArgs) -> Result<(), String> {
     use ucm::bench::remote;
     let values = a
@@ -572,6 +582,9 @@ fn bench_remote(a: RemoteArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs of each loading mode in a workload replay, for the TTFT's spread.
+const DEFAULT_REPLAY_RUNS: usize = 3;
+
 fn replay(a: ReplayArgs) -> Result<(), String> {
     use std::io::Write;
     if a.trace.is_some() {
@@ -585,6 +598,10 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         if set {
             return Err(format!("{flag} needs --trace"));
         }
+    }
+    let runs = a.runs.unwrap_or(DEFAULT_REPLAY_RUNS);
+    if !(1..=100).contains(&runs) {
+        return Err(format!("--runs {runs} is not between 1 and 100"));
     }
     let modes = parse_modes::<ucm::replay::Mode>(a.modes.as_deref(), "ucm,recompute,fold")?;
     let dir = a.dir.unwrap_or_else(default_scratch_parent);
@@ -602,6 +619,7 @@ fn replay(a: ReplayArgs) -> Result<(), String> {
         bytes_scale: a.bytes_scale,
         compute_us_per_token: a.compute_us_per_token,
         chunk: 2048,
+        runs,
         modes,
         sabotage: a.sabotage,
         remote: a.remote.clone(),
@@ -867,9 +885,14 @@ fn replay_trace(a: ReplayArgs) -> Result<(), String> {
     use ucm::replay::sim::{self, report, SimConfig, SimMode};
     use ucm::replay::trace;
     let file = a.trace.clone().unwrap_or_default();
-    if a.remote.is_some() || a.cold.is_some() || a.no_disk || a.sync_mode != SyncMode::Auto {
+    if a.remote.is_some()
+        || a.cold.is_some()
+        || a.no_disk
+        || a.sync_mode != SyncMode::Auto
+        || a.runs.is_some()
+    {
         return Err(
-            "--remote, --cold, --no-disk and --sync-mode apply to workload replays, not to --trace"
+            "--remote, --cold, --no-disk, --sync-mode and --runs apply to workload replays, not to --trace"
                 .into(),
         );
     }

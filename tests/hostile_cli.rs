@@ -75,7 +75,7 @@ fn scratch_dirs(p: &Path) -> Vec<String> {
 fn a_killed_runs_store_is_removed_by_the_next_run() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = ucm()
-        .args(["replay", "--modes", "ucm", "--dir"])
+        .args(["replay", "--runs", "1", "--modes", "ucm", "--dir"])
         .arg(dir.path())
         .stderr(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -116,7 +116,7 @@ fn a_killed_runs_store_is_removed_by_the_next_run() {
     std::fs::remove_dir(&keep).unwrap();
     // The same store left again, removed by the next run this time.
     let mut child = ucm()
-        .args(["replay", "--modes", "ucm", "--dir"])
+        .args(["replay", "--runs", "1", "--modes", "ucm", "--dir"])
         .arg(dir.path())
         .stderr(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -132,6 +132,8 @@ fn a_killed_runs_store_is_removed_by_the_next_run() {
         let out = ucm()
             .args([
                 "replay",
+                "--runs",
+                "1",
                 "--modes",
                 mode,
                 "--sessions",

@@ -29,6 +29,8 @@ fn a_short_replay_reports_every_mode_with_no_wrong_hits() {
         ucm()
             .args([
                 "replay",
+                "--runs",
+                "1",
                 "--sessions",
                 "2",
                 "--turns",
@@ -82,6 +84,8 @@ fn a_replay_whose_disk_tiers_fsync_each_file_serves_the_same_hits() {
         ucm()
             .args([
                 "replay",
+                "--runs",
+                "1",
                 "--modes",
                 "ucm",
                 "--sessions",
@@ -116,7 +120,7 @@ fn bad_replay_options_are_errors() {
                 "--sync-mode",
                 "files",
             ],
-            "--sync-mode apply to workload replays",
+            "--sync-mode and --runs apply to workload replays",
         ),
     ];
     if !cfg!(feature = "failpoints") {
@@ -139,6 +143,8 @@ fn a_corrupted_load_is_reported_as_a_wrong_hit() {
     let out = ucm()
         .args([
             "replay",
+            "--runs",
+            "1",
             "--sessions",
             "2",
             "--turns",
@@ -176,6 +182,8 @@ fn every_sabotage_fails_the_replay() {
         let out = ucm()
             .args([
                 "replay",
+                "--runs",
+                "1",
                 "--sessions",
                 "2",
                 "--turns",
@@ -193,6 +201,52 @@ fn every_sabotage_fails_the_replay() {
         assert!(
             err.contains("request ucm-") && err.contains("layer"),
             "{kind}: {err}"
+        );
+    }
+}
+
+/// `--runs N`: each loading mode runs N times with the same hits; the TTFT
+/// reductions are reported per run and as their median. Only the shape is
+/// checked: timings belong in benchmarks.
+#[test]
+fn repeated_runs_report_each_runs_ttft_and_their_median() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = report(
+        ucm()
+            .args(["replay", "--sessions", "2", "--turns", "4", "--runs", "2"])
+            .args(["--modes", "ucm,recompute", "--json", "--dir"])
+            .arg(dir.path()),
+    );
+    let m = &v["modes"]["ucm"];
+    let runs: Vec<f64> = m["ttft_runs_vs_recompute"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "{m}");
+    let med = m["ttft_reduction_vs_recompute"].as_f64().unwrap();
+    let (lo, hi) = (runs[0].min(runs[1]), runs[0].max(runs[1]));
+    assert!(
+        lo - 1e-4 <= med && med <= hi + 1e-4,
+        "{med} outside {runs:?}"
+    );
+    assert!(m["load_rate_gib_s"].as_f64().unwrap() > 0.0, "{m}");
+    assert!(m["copy_rate_gib_s"].as_f64().unwrap() > 0.0, "{m}");
+    // Recompute measures nothing: one run, no reduction against itself.
+    assert_eq!(
+        v["modes"]["recompute"]["ttft_runs_vs_recompute"],
+        serde_json::json!([])
+    );
+    for bad in [
+        &["--runs", "0"][..],
+        &["--runs", "2", "--trace", "x.jsonl"][..],
+    ] {
+        let out = ucm().arg("replay").args(bad).output().unwrap();
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("--runs"),
+            "{bad:?}"
         );
     }
 }

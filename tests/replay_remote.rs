@@ -18,6 +18,8 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args([
             "replay",
+            "--runs",
+            "1",
             "--modes",
             "ucm",
             "--sessions",
@@ -55,7 +57,7 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("--remote, --cold, --no-disk and --sync-mode apply to workload replays"));
+        .contains("--remote, --cold, --no-disk, --sync-mode and --runs apply to workload replays"));
 }
 
 /// `ucm replay --instances 2 --json` with `args` (the tiers), in a fresh
@@ -67,7 +69,16 @@ fn instances_through(args: &[&str]) -> serde_json::Value {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("AWS_ACCESS_KEY_ID", "ucm-test")
         .env("AWS_SECRET_ACCESS_KEY", "ucm-test")
-        .args(["replay", "--instances", "2", "--json", "--turns", "3"])
+        .args([
+            "replay",
+            "--runs",
+            "1",
+            "--instances",
+            "2",
+            "--json",
+            "--turns",
+            "3",
+        ])
         .args(args)
         .arg("--dir")
         .arg(dir.path())
@@ -114,7 +125,7 @@ fn diskless_instances_share_through_the_cluster_alone() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ucm"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["replay", "--no-disk", "--dir"])
+        .args(["replay", "--runs", "1", "--no-disk", "--dir"])
         .arg(dir.path())
         .output()
         .unwrap();

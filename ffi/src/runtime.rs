@@ -313,13 +313,7 @@ impl Cache {
         rank: u32,
         stage: std::ops::Range<u32>,
     ) -> Result<WorkerSide> {
-        let cfg = WorkerConfig {
-            rank,
-            tp_size: self.dep.tp_size,
-            stage,
-            lookahead: self.opts.lookahead,
-            sabotage: None,
-        };
+        let cfg = WorkerConfig::new(rank, self.dep.tp_size, stage, self.opts.lookahead);
         let inner = match self.stores_on(backend)? {
             AnyStores::Host(dev, set) => AnyWorker::Host(self.new_worker(set, &dev, cfg)?, dev),
             #[cfg(feature = "cuda")]

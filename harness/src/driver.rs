@@ -20,11 +20,13 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+#[cfg(feature = "sabotage")]
+use ucm_coordinator::adapter::Sabotage;
 
 use ucm_coordinator::adapter::units::partition;
 use ucm_coordinator::adapter::{
-    Allocation, ConnectorMeta, EngineRequest, LoadError, ReqMeta, Sabotage, Scheduled, Scheduler,
-    StoreSet, StoreSetConfig, Unit, UnitMap, Worker, WorkerConfig,
+    Allocation, ConnectorMeta, EngineRequest, LoadError, ReqMeta, Scheduled, Scheduler, StoreSet,
+    StoreSetConfig, Unit, UnitMap, Worker, WorkerConfig,
 };
 use ucm_coordinator::hash::checkpoint_hash;
 use ucm_coordinator::{CheckpointDirectory, CoordError, Deployment, Kind, RequestKeys, SpecTable};
@@ -88,7 +90,8 @@ pub struct EngineConfig {
     pub seed: u64,
     /// The predecessor's hash-folding retention (baseline).
     pub fold: bool,
-    /// Test only: a deliberate bug in every worker.
+    /// Test only (feature `sabotage`): a deliberate bug in every worker.
+    #[cfg(feature = "sabotage")]
     pub sabotage: Option<Sabotage>,
     /// Test only: flip one byte of the first block the oracle checks.
     pub flip_byte: bool,
@@ -114,6 +117,7 @@ impl EngineConfig {
             slots: 4,
             seed: 1,
             fold: false,
+            #[cfg(feature = "sabotage")]
             sabotage: None,
             flip_byte: false,
             save_timeout: Duration::from_secs(20),
@@ -272,8 +276,27 @@ pub struct Outcome {
     pub bytes_saved: u64,
     /// Load wait of the request: per step the slowest rank's, summed.
     pub load_wait: Duration,
-    /// Per step: (slowest rank's load wait, scaled bytes, full bytes).
-    pub steps: Vec<(Duration, u64, u64)>,
+    /// Per step, in order: its tokens, its slowest rank's load wait and
+    /// the bytes it loaded.
+    pub steps: Vec<StepTiming>,
+}
+
+/// One step of a request, as a TTFT model needs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTiming {
+    /// First token the step computed.
+    pub start: u64,
+    /// One past its last token.
+    pub end: u64,
+    /// Whether the step is part of the prompt's prefill (it ends at or
+    /// before the prompt's end; decode steps come after it).
+    pub prefill: bool,
+    /// The slowest rank's wait in `wait_for_layer_load`.
+    pub load_wait: Duration,
+    /// Bytes the step loaded, as stored (scaled).
+    pub loaded: u64,
+    /// The same items at full size.
+    pub loaded_full: u64,
 }
 
 /// One worker of the engine: a TP rank of a pipeline stage.
@@ -359,19 +382,20 @@ impl Engine {
         let mut ranks = Vec::new();
         for stage in &stages {
             for rank in 0..cfg.tp {
+                #[cfg_attr(not(feature = "sabotage"), allow(unused_mut))]
+                let mut worker_config =
+                    WorkerConfig::new(rank, cfg.tp, stage.clone(), cfg.lookahead);
+                #[cfg(feature = "sabotage")]
+                {
+                    worker_config.sabotage = cfg.sabotage;
+                }
                 let mut worker = Worker::new(
                     Arc::clone(&spec),
                     Arc::clone(&units),
                     Arc::clone(&stores),
                     Arc::clone(&directory),
                     Arc::clone(&dev),
-                    WorkerConfig {
-                        rank,
-                        tp_size: cfg.tp,
-                        stage: stage.clone(),
-                        lookahead: cfg.lookahead,
-                        sabotage: cfg.sabotage,
-                    },
+                    worker_config,
                 )?;
                 let layout = Layout::new(
                     &dev,
@@ -566,7 +590,14 @@ impl Engine {
             out.bytes_loaded += scaled;
             out.bytes_loaded_full += full;
             out.load_wait += slowest;
-            out.steps.push((slowest, scaled, full));
+            out.steps.push(StepTiming {
+                start,
+                end,
+                prefill: end <= n,
+                load_wait: slowest,
+                loaded: scaled,
+                loaded_full: full,
+            });
             metas.push(meta);
             start = end;
         }

@@ -37,6 +37,7 @@ pub mod layout;
 pub mod oracle;
 
 pub use driver::{
-    Engine, EngineConfig, HarnessError, LostSave, Outcome, Request, WrongHit, WrongKind,
+    Engine, EngineConfig, HarnessError, LostSave, Outcome, Request, StepTiming, WrongHit, WrongKind,
 };
+#[cfg(feature = "sabotage")]
 pub use ucm_coordinator::adapter::Sabotage;

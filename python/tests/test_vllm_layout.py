@@ -150,3 +150,20 @@ def test_metrics_published_by_another_process_are_read_and_dead_ones_ignored(tmp
         child.kill()
         child.wait()
     assert os.path.exists(tmp_path)
+
+
+def test_the_production_connector_has_no_sabotage_switch():
+    """The negative controls' bugs live in scripts/ucm_sabotage.py (test
+    code, not in the wheel): the connector neither reads a ``sabotage`` key
+    nor alters what it loaded."""
+    from ucm.vllm_connector import UcmConnector
+
+    assert "sabotage" not in UcmConnector.EXTRA_KEYS
+    c = object.__new__(UcmConnector)
+    loads = {}
+    c._loads_planned({"have": 0, "hit": 64, "blocks": {0: [1, 2, 3, 4]}}, loads)
+    assert loads == {}
+    assert c._layer_loaded(0, at_start=False) is None
+    import importlib.util
+
+    assert importlib.util.find_spec("ucm.ucm_sabotage") is None

@@ -19,11 +19,12 @@ encoding, each group's KV dtype and layout; see ``ucm.identity``), ``pool_bytes`
 ``lookahead``, ``remote`` (a Redis or Valkey cluster below the disk,
 ``redis://host:port,...``; or ``UCM_REMOTE``), ``cold`` (an S3 bucket below
 that, ``s3://bucket/prefix?endpoint=...``; or ``UCM_COLD``), ``no_disk``
-(those tiers instead of a local disk), ``sync_mode`` (how the disk tier makes
-writes durable: ``auto``, one ``syncfs`` per batch where the file system
-allows, or ``files``, an fsync per file and directory, for a store on a
-busy shared file system; or ``UCM_SYNC_MODE``), and, for tests only,
-``sabotage``.
+(those tiers instead of a local disk) and ``sync_mode`` (how the disk tier
+makes writes durable: ``auto``, one ``syncfs`` per batch where the file
+system allows, or ``files``, an fsync per file and directory, for a store
+on a busy shared file system; or ``UCM_SYNC_MODE``), and ``load_mode``
+(``auto``, ``sync`` or ``async``). Any other key is logged as unknown at
+WARNING and otherwise ignored.
 
 Every hook calls the Rust adapter. The scheduler side resolves hits and
 builds each step's metadata (bytes, so it can cross to worker processes);
@@ -210,8 +211,9 @@ def _publisher(cache, directory: str) -> _MetricsPublisher:
 
 
 class UcmConnectorMetadata(KVConnectorMetadata):
-    """One step's metadata: the adapter's encoded step, and (for the
-    sabotage switch only) the engine blocks each chain group loads."""
+    """One step's metadata: the adapter's encoded step, and the engine
+    blocks or state slots the step's loads write, per group, where a
+    subclass asked for them (``_loads_planned``; empty otherwise)."""
 
     def __init__(self, payload: bytes, loads: dict[int, list[int]]):
         self.payload = payload
@@ -221,9 +223,19 @@ class UcmConnectorMetadata(KVConnectorMetadata):
 class UcmConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's connector contract over UCM's Rust adapter."""
 
+    #: The ``kv_connector_extra_config`` keys this connector reads (a
+    #: subclass that reads more adds its own).
+    EXTRA_KEYS = frozenset(
+        {"dir", "spec", "model_id", "identity", "pool_bytes", "disk_blocks", "lookahead",
+         "remote", "cold", "no_disk", "sync_mode", "load_mode"}
+    )
+
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        unknown = sorted(str(k) for k in extra if k not in self.EXTRA_KEYS)
+        if unknown:
+            logger.warning("ucm: unknown kv_connector_extra_config keys ignored: %s", ", ".join(unknown))
         directory = extra.get("dir") or os.environ.get("UCM_DIR")
         if not directory:
             raise ValueError(
@@ -253,9 +265,6 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         self._load_errors: list = []
         self._identity_noted = False
         self._identity_checked = None
-        self._sabotage = extra.get("sabotage")
-        if self._sabotage not in (None, "garble_loads", "garble_states"):
-            raise ValueError(f"ucm: unknown sabotage `{self._sabotage}`")
         # Scheduler side.
         self._sched = None
         self._reqs: dict[str, dict] = {}
@@ -391,8 +400,8 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             end = min(end, st["n"])
             if start < end:
                 chunks.append((req_id, int(start), int(end)))
-            if st.pop("ext", 0) > 0 and self._sabotage and not self._async:
-                self._sabotage_targets(st, loads)
+            if st.pop("ext", 0) > 0 and not self._async:
+                self._loads_planned(st, loads)
 
         for r in scheduler_output.scheduled_new_reqs:
             grow(r.req_id, r.block_ids, True)
@@ -407,21 +416,15 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             if st.pop("async_load", False):
                 p = st["have"] + st["hit"]
                 chunks.append((rid, p, p))
-                if self._sabotage:
-                    self._sabotage_targets(st, loads)
+                self._loads_planned(st, loads)
         payload = self._sched.build_meta(chunks)
         return UcmConnectorMetadata(payload, loads)
 
-    def _sabotage_targets(self, st, loads):
-        """Sabotage (tests only): the engine blocks (`garble_loads`) or
-        state slots (`garble_states`) a request's load writes, per group."""
-        p = st["have"] + st["hit"]
-        for sg, g in enumerate(self._plan.groups):
-            if g.kind == "chain" and self._sabotage == "garble_loads":
-                lo, hi = st["have"] // g.block_size, p // g.block_size
-                loads.setdefault(sg, []).extend(st["blocks"][sg][lo:hi])
-            elif g.kind == "snapshot" and self._sabotage == "garble_states" and sg in st["slots"]:
-                loads.setdefault(sg, []).append(st["slots"][sg])
+    def _loads_planned(self, st, loads):
+        """Called with a request's state when this step loads it, and the
+        step's ``loads`` (group -> engine blocks or slots) to fill; a no-op
+        here. A subclass that instruments the loads (the negative controls
+        of ``scripts/vllm_e2e.py``) records their targets."""
 
     def request_finished(self, request, block_ids):
         self._finish(request.request_id)
@@ -467,8 +470,7 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         # layer does (the loading requests are not computed this step).
         for layer in sorted(self._kv) if self._async else self._hookless:
             self._worker.wait_for_layer_load(layer)
-            if self._async and self._sabotage:
-                self._garble(layer)
+            self._layer_loaded(layer, at_start=True)
         return True
 
     def start_load_kv(self, forward_context, **kwargs):
@@ -481,19 +483,13 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
         if layer is None:
             return
         self._worker.wait_for_layer_load(layer)
-        if self._sabotage == "garble_loads" and not self._async:
-            self._garble(layer)
+        self._layer_loaded(layer, at_start=False)
 
-    def _garble(self, layer):
-        """Sabotage (tests only): flips bits of every block (`garble_loads`)
-        or state (`garble_states`) this layer just loaded, as if stored bytes
-        were corrupted and no checksum caught it."""
-        meta = self._started
-        for sg, g in enumerate(self._plan.groups):
-            names = {self._plan.layer_of[n] for n in g.layer_names}
-            if layer in names:
-                for b in meta.loads.get(sg, []):
-                    self._kv[layer][b].bitwise_xor_(0x10)
+    def _layer_loaded(self, layer, at_start):
+        """Called once ``layer``'s loads of this step are in the engine's
+        memory (``at_start``: by the step's start, for layers without hooks
+        or asynchronous loads); a no-op here, for instrumenting
+        subclasses."""
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         if not self._ensure_started():

@@ -171,13 +171,7 @@ fn drive(
         Arc::clone(&stores),
         directory,
         Arc::clone(&m.dev),
-        WorkerConfig {
-            rank: 0,
-            tp_size: 1,
-            stage: 0..cfg.units,
-            lookahead: cfg.lookahead,
-            sabotage: None,
-        },
+        WorkerConfig::new(0, 1, 0..cfg.units, cfg.lookahead),
     )?;
     let stride = stores.shard_bytes(0);
     let regs = (0..cfg.units)

@@ -5,6 +5,7 @@ pub mod device;
 pub mod hash;
 pub mod io;
 pub mod layerwise;
+#[cfg(feature = "redis")]
 pub mod remote;
 pub mod store;
 pub mod tiers;

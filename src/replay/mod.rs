@@ -39,6 +39,7 @@ pub mod instances;
 pub mod report;
 pub mod sim;
 pub mod trace;
+pub mod ttft;
 pub mod workload;
 
 use std::collections::HashMap;
@@ -50,12 +51,15 @@ use serde::Serialize;
 
 use crate::coordinator::adapter::StoreSetConfig;
 use crate::coordinator::{CoordError, RequestKeys, SpecTable};
-use crate::harness::{Engine, EngineConfig, HarnessError, Request, Sabotage};
+#[cfg(feature = "sabotage")]
+use crate::harness::Sabotage;
+use crate::harness::{Engine, EngineConfig, HarnessError, Request};
 use crate::store::SyncMode;
 
 use faults::{FaultKind, Faults};
 use report::{ratio, round4, turns};
 pub use report::{render_svg, render_text, FaultKindReport, ModeReport, Report};
+use ttft::TtftModel;
 use workload::reusable;
 pub use workload::{workload, WorkRequest, Workload};
 
@@ -113,6 +117,9 @@ pub struct ReplayConfig {
     pub chunk: u64,
     /// Modes to run.
     pub modes: Vec<Mode>,
+    /// Runs of each mode that measures a load rate (the TTFT's median and
+    /// spread are over them; hits must be the same in each).
+    pub runs: usize,
     /// Test only: a deliberate bug, so the oracle must fail the run
     /// (proves the checks can fail).
     pub sabotage: Option<SabotageKind>,
@@ -145,6 +152,7 @@ impl Default for ReplayConfig {
             bytes_scale: 64,
             compute_us_per_token: 60.0,
             chunk: 2048,
+            runs: 1,
             modes: vec![Mode::Ucm, Mode::Recompute, Mode::Fold],
             sabotage: None,
             remote: None,
@@ -174,7 +182,34 @@ pub enum SabotageKind {
 }
 
 impl SabotageKind {
-    pub(crate) fn adapter(self) -> Option<Sabotage> {
+    /// Plants `kind` in an engine's configuration. Only a build with the
+    /// test-only feature `sabotage` can; any other refuses it.
+    pub(crate) fn plant(kind: Option<SabotageKind>, e: &mut EngineConfig) -> Result<()> {
+        match kind {
+            None => Ok(()),
+            #[cfg(feature = "sabotage")]
+            Some(SabotageKind::FlipByte) => {
+                e.flip_byte = true;
+                Ok(())
+            }
+            #[cfg(feature = "sabotage")]
+            Some(k) => {
+                e.sabotage = k.adapter();
+                Ok(())
+            }
+            #[cfg(not(feature = "sabotage"))]
+            Some(_) => {
+                let _ = e;
+                Err(ReplayError::Config(
+                    "--sabotage is a test-only switch; this build leaves it out (feature `sabotage`)"
+                        .into(),
+                ))
+            }
+        }
+    }
+
+    #[cfg(feature = "sabotage")]
+    fn adapter(self) -> Option<Sabotage> {
         match self {
             SabotageKind::FlipByte => None,
             SabotageKind::SkipLoad => Some(Sabotage::SkipLoad),
@@ -209,7 +244,7 @@ fn engine_config(
     dir: &Path,
     mode: Mode,
     max: usize,
-) -> EngineConfig {
+) -> Result<EngineConfig> {
     let mut e = EngineConfig::new(Arc::clone(&ctx.spec), dir, max);
     e.full = Some(Arc::clone(&ctx.full));
     e.stores = StoreSetConfig {
@@ -227,12 +262,8 @@ fn engine_config(
     e.chunk = cfg.chunk;
     e.seed = cfg.seed;
     e.fold = mode == Mode::Fold;
-    match cfg.sabotage {
-        Some(SabotageKind::FlipByte) => e.flip_byte = true,
-        Some(k) => e.sabotage = k.adapter(),
-        None => {}
-    }
-    e
+    SabotageKind::plant(cfg.sabotage, &mut e)?;
+    Ok(e)
 }
 
 struct Ctx {
@@ -241,6 +272,10 @@ struct Ctx {
     /// The spec at full size, for the TTFT model.
     full: Arc<SpecTable>,
 }
+
+/// The piece size of the copy-rate probe: a 16-token block of one
+/// layer of a GQA model (8 KV heads x 128 x K and V x bf16).
+const COPY_PIECE: usize = 64 << 10;
 
 /// Replays one mode.
 fn run_mode(
@@ -292,11 +327,13 @@ fn run_mode(
         .map(|r| r.tokens.len() + r.output.len())
         .max()
         .unwrap_or(0);
-    let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens))?;
+    let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens)?)?;
     let mut faults = Faults::new(cfg, &ctx.spec);
     let (mut sum_l, mut sum_p, mut reusable_total) = (0u64, 0u64, 0u64);
     let (mut tier_pool, mut tier_disk) = (0u64, 0u64);
     let mut load_time = Duration::ZERO;
+    let mut timings = Vec::with_capacity(reqs.len());
+    let mut probe = ttft::CopyProbe::new(COPY_PIECE);
     let started = Instant::now();
     for (k, (w, &re)) in reqs.iter().zip(reuse).enumerate() {
         let id = format!("{}-s{}-t{}-{k}", mode.name(), w.session, w.turn);
@@ -346,14 +383,6 @@ fn run_mode(
         if !out.load_errors.is_empty() {
             rep.recomputed_after_failed_load += 1;
         }
-        // The TTFT model: each step's load at full size, at the bandwidth
-        // that step measured.
-        let load_full_ms: f64 = out
-            .steps
-            .iter()
-            .filter(|s| s.1 > 0)
-            .map(|(wait, scaled, full)| wait.as_secs_f64() * 1e3 * *full as f64 / *scaled as f64)
-            .sum();
         load_time += out.load_wait;
         let served = out.served;
         rep.cached_tokens += served;
@@ -362,13 +391,12 @@ fn run_mode(
         sum_p += out.matched;
         let possible = re.min(n - 1) / grid * grid;
         reusable_total += possible;
-        let ttft = compute_ms(n - served) + load_full_ms;
-        rep.ttft_ms.push(ttft);
         let e = per_turn.entry(w.turn).or_default();
         e.0 += served as f64;
-        e.1 += ttft;
         e.2 += possible as f64;
         e.3 += 1;
+        timings.push((w.turn, n, served, out.steps));
+        probe.sample();
         progress(&format!(
             "{:<9} [{}{}] {}/{} requests, {:.0}% cached, {} wrong hits, {:.1}s",
             mode.name(),
@@ -384,6 +412,20 @@ fn run_mode(
             rep.wrong_hits,
             started.elapsed().as_secs_f64()
         ));
+    }
+    // The TTFT model needs the whole run's load rate.
+    let model = TtftModel {
+        compute_us_per_token: cfg.compute_us_per_token,
+        layers: ctx.full.layer_count(),
+        rate: ttft::load_rate(timings.iter().flat_map(|t| &t.3)),
+        copy_rate: probe.rate(),
+    };
+    rep.copy_rate_gib_s = round4(model.copy_rate / (1u64 << 30) as f64);
+    rep.load_rate_gib_s = model.rate.map(|r| round4(r / (1u64 << 30) as f64));
+    for (turn, n, served, steps) in &timings {
+        let ttft = model.request_ms(*n, *served, steps);
+        rep.ttft_ms.push(ttft);
+        per_turn.entry(*turn).or_default().1 += ttft;
     }
     rep.reusable_tokens = reusable_total;
     rep.hit_rate = ratio(rep.cached_tokens, reusable_total);
@@ -411,7 +453,30 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
     let reuse = reusable(&reqs);
     let mut modes = std::collections::BTreeMap::new();
     for &m in &cfg.modes {
-        let r = run_mode(cfg, &ctx, &reqs, &reuse, m, None, progress)?;
+        let mut r = run_mode(cfg, &ctx, &reqs, &reuse, m, None, progress)?;
+        // `recompute` measures nothing; every other mode's TTFT rests on a
+        // measured load rate, so it runs again for the spread.
+        if m != Mode::Recompute {
+            for _ in 1..cfg.runs {
+                let again = run_mode(cfg, &ctx, &reqs, &reuse, m, None, progress)?;
+                let differs =
+                    again.cached_tokens != r.cached_tokens || again.wrong_hits != r.wrong_hits;
+                // Injected faults fire by timing too; without them a run is
+                // a function of its seed.
+                if differs && cfg.faults == 0.0 {
+                    return Err(ReplayError::Config(format!(
+                        "{}: a rerun served {} tokens ({} wrong), the first {} ({} wrong): \
+                         the replay is not deterministic",
+                        m.name(),
+                        again.cached_tokens,
+                        again.wrong_hits,
+                        r.cached_tokens,
+                        r.wrong_hits
+                    )));
+                }
+                r.ttft_ms_reruns.push(again.ttft_ms);
+            }
+        }
         modes.insert(m.name().to_string(), r);
     }
     ttft_reductions(&reqs, &reuse, &mut modes);
@@ -476,7 +541,9 @@ fn prepare(cfg: &ReplayConfig) -> Result<Ctx> {
     Ok(Ctx { spec, full })
 }
 
-/// Fills each mode's TTFT reductions against `recompute` and `fold`.
+/// Fills each mode's TTFT reductions against `recompute` and `fold`: one
+/// per run (run `k` of a mode against run `k` of `fold`, or its last), and
+/// their median.
 fn ttft_reductions(
     reqs: &[WorkRequest],
     reuse: &[u64],
@@ -484,22 +551,42 @@ fn ttft_reductions(
 ) {
     // TTFT reductions over requests with >= 4096 reusable tokens.
     let long: Vec<usize> = (0..reqs.len()).filter(|&i| reuse[i] >= 4096).collect();
-    let total = |m: &ModeReport| {
+    if long.is_empty() {
+        return;
+    }
+    let total = |ttft: &[f64]| {
         long.iter()
-            .map(|&i| m.ttft_ms.get(i).copied().unwrap_or(0.0))
+            .map(|&i| ttft.get(i).copied().unwrap_or(0.0))
             .sum::<f64>()
     };
-    let base_r = modes.get("recompute").map(total);
-    let base_f = modes.get("fold").map(total);
+    let runs = |m: &ModeReport| -> Vec<f64> {
+        std::iter::once(&m.ttft_ms)
+            .chain(&m.ttft_ms_reruns)
+            .map(|t| total(t))
+            .collect()
+    };
+    let base_r = modes.get("recompute").map(runs);
+    let base_f = modes.get("fold").map(runs);
+    let against = |mine: &[f64], base: &Option<Vec<f64>>| -> Vec<f64> {
+        let Some(base) = base else { return Vec::new() };
+        mine.iter()
+            .enumerate()
+            .filter_map(|(k, &t)| {
+                let b = *base.get(k).or(base.last())?;
+                (b > 0.0).then(|| round4(1.0 - t / b))
+            })
+            .collect()
+    };
     for (name, m) in modes.iter_mut() {
-        let t = total(m);
-        if !long.is_empty() {
-            m.ttft_reduction_vs_recompute = base_r
-                .filter(|b| *b > 0.0 && name != "recompute")
-                .map(|b| round4(1.0 - t / b));
-            m.ttft_reduction_vs_fold = base_f
-                .filter(|b| *b > 0.0 && name != "fold")
-                .map(|b| round4(1.0 - t / b));
+        let mine = runs(m);
+        if name != "recompute" {
+            m.ttft_runs_vs_recompute = against(&mine, &base_r);
         }
+        if name != "fold" {
+            m.ttft_runs_vs_fold = against(&mine, &base_f);
+        }
+        let med = |v: &[f64]| (!v.is_empty()).then(|| round4(report::median(v)));
+        m.ttft_reduction_vs_recompute = med(&m.ttft_runs_vs_recompute);
+        m.ttft_reduction_vs_fold = med(&m.ttft_runs_vs_fold);
     }
 }

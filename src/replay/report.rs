@@ -47,10 +47,25 @@ pub struct ModeReport {
     /// held: sum of `p*` over sum of `l`.
     pub state_hit_rate: f64,
     /// Simulated TTFT reduction against `recompute`, over requests with at
-    /// least 4096 reusable tokens.
+    /// least 4096 reusable tokens: the median over the runs (`--runs`).
     pub ttft_reduction_vs_recompute: Option<f64>,
     /// The same against `fold`.
     pub ttft_reduction_vs_fold: Option<f64>,
+    /// Each run's reduction against `recompute` (its median is
+    /// `ttft_reduction_vs_recompute`; their range is the spread).
+    #[serde(default)]
+    pub ttft_runs_vs_recompute: Vec<f64>,
+    /// Each run's reduction against `fold`.
+    #[serde(default)]
+    pub ttft_runs_vs_fold: Vec<f64>,
+    /// The load rate the TTFT model used (the first run's; GiB/s of
+    /// scaled bytes, see `replay::ttft`).
+    #[serde(default)]
+    pub load_rate_gib_s: Option<f64>,
+    /// The host copy rate the TTFT model used for the bytes the scaled
+    /// run did not move (GiB/s, measured in the run).
+    #[serde(default)]
+    pub copy_rate_gib_s: f64,
     /// Loaded items that differed from the oracle, items never loaded yet
     /// not reported, and writes where the engine computes (must be 0).
     pub wrong_hits: u64,
@@ -83,6 +98,9 @@ pub struct ModeReport {
     /// Simulated TTFT of each request, ms (for cross-mode ratios).
     #[serde(skip)]
     pub ttft_ms: Vec<f64>,
+    /// The same for each further run of `--runs` (the first is `ttft_ms`).
+    #[serde(skip)]
+    pub ttft_ms_reruns: Vec<Vec<f64>>,
     /// The denominator of `hit_rate`.
     pub reusable_tokens: u64,
     /// Tokens served to each request.
@@ -178,7 +196,47 @@ pub fn render_text(r: &Report) -> String {
             );
         }
     }
+    for (name, m) in r
+        .modes
+        .iter()
+        .filter(|(_, m)| m.ttft_runs_vs_recompute.len() > 1)
+    {
+        let spread = |v: &[f64]| {
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| {
+                    (l.min(x), h.max(x))
+                });
+            format!(
+                "{:.1}% [{:.1}%..{:.1}%]",
+                median(v) * 100.0,
+                lo * 100.0,
+                hi * 100.0
+            )
+        };
+        let _ = write!(
+            s,
+            "ttft of {name} over {} runs: vs recompute {}",
+            m.ttft_runs_vs_recompute.len(),
+            spread(&m.ttft_runs_vs_recompute)
+        );
+        if !m.ttft_runs_vs_fold.is_empty() {
+            let _ = write!(s, ", vs fold {}", spread(&m.ttft_runs_vs_fold));
+        }
+        let _ = writeln!(s);
+    }
     s
+}
+
+/// The median of `v` (0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// An SVG of hit rate and mean TTFT per turn, one line per mode.

@@ -53,6 +53,7 @@ pub enum StoreError {
     PoolFull,
     /// The remote tier's servers failed, refused or did not answer in time
     /// (`op` says what was attempted).
+    #[cfg(feature = "redis")]
     #[error("remote tier: {op}: {source}")]
     Remote {
         /// What was attempted.
@@ -63,6 +64,7 @@ pub enum StoreError {
     },
     /// The S3 tier's object store failed or refused (`op` says what was
     /// attempted).
+    #[cfg(feature = "s3")]
     #[error("S3 tier: {op}: {source}")]
     ObjectStore {
         /// What was attempted.
@@ -71,6 +73,14 @@ pub enum StoreError {
         /// for each of its blocks).
         #[source]
         source: std::sync::Arc<object_store::Error>,
+    },
+    /// A tier was configured whose backend this build leaves out.
+    #[error("{what} needs a build with the `{feature}` feature")]
+    NotBuilt {
+        /// What was asked for.
+        what: &'static str,
+        /// The Cargo feature that compiles it in.
+        feature: &'static str,
     },
     /// A remote tier did not answer within its bound.
     #[error("remote tier: {op}: no answer within {after:?}")]

@@ -96,10 +96,13 @@ impl Failure {
             },
             StoreError::QueueFull => Failure::new(FailureKind::QueueFull, detail),
             StoreError::PoolFull => Failure::new(FailureKind::PoolFull, detail),
-            StoreError::Remote { .. }
-            | StoreError::ObjectStore { .. }
-            | StoreError::Timeout { .. } => Failure::new(FailureKind::Remote, detail),
+            #[cfg(feature = "redis")]
+            StoreError::Remote { .. } => Failure::new(FailureKind::Remote, detail),
+            #[cfg(feature = "s3")]
+            StoreError::ObjectStore { .. } => Failure::new(FailureKind::Remote, detail),
+            StoreError::Timeout { .. } => Failure::new(FailureKind::Remote, detail),
             StoreError::Config(_)
+            | StoreError::NotBuilt { .. }
             | StoreError::Unsafe { .. }
             | StoreError::GeometryMismatch { .. }
             | StoreError::WrongGroup { .. }

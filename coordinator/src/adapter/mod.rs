@@ -30,7 +30,9 @@ pub use scheduler::{
 };
 pub use stores::{GroupCounters, StoreSet, StoreSetConfig, IDENTITY_MAX_IDLE};
 pub use units::{Unit, UnitMap};
+#[cfg(feature = "sabotage")]
+pub use worker::Sabotage;
 pub use worker::{
-    AdapterMetrics, Finished, LayerRegistration, LoadCause, LoadError, Sabotage, Worker,
-    WorkerConfig, DEFAULT_LOOKAHEAD,
+    AdapterMetrics, Finished, LayerRegistration, LoadCause, LoadError, Worker, WorkerConfig,
+    DEFAULT_LOOKAHEAD,
 };

@@ -29,6 +29,11 @@
 //!   stream wait for the unit's loads through a host function instead of
 //!   blocking the caller.
 
+#[cfg(feature = "sabotage")]
+mod sabotage;
+#[cfg(feature = "sabotage")]
+pub use sabotage::Sabotage;
+
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,30 +90,26 @@ pub struct WorkerConfig {
     /// Units loaded ahead of the one being waited for
     /// ([`DEFAULT_LOOKAHEAD`] unless there is a reason).
     pub lookahead: usize,
-    /// Test only: a deliberate bug, so that a test can prove the content
-    /// oracle catches it. `None` in every real deployment.
+    /// Test only (feature `sabotage`): a deliberate bug, so that a test
+    /// can prove the content oracle catches it.
+    #[cfg(feature = "sabotage")]
     #[doc(hidden)]
     pub sabotage: Option<Sabotage>,
 }
 
-/// Deliberate bugs of the worker, one per way a load or save can go wrong
-/// silently. Only the mutation tests set one: each must make the engine
-/// harness's oracle fail the run.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sabotage {
-    /// Every chain load task leaves out its first block, unreported.
-    SkipLoad,
-    /// Every chain load lands one engine block too far.
-    WrongEngineBlock,
-    /// A state is loaded from the deepest other checkpoint of the same
-    /// prefix that the directory holds, instead of from `p*`.
-    StateFromOtherPosition,
-    /// Blocks the previous request also loaded are skipped ("the engine
-    /// still holds them"), unreported.
-    StalePrefix,
-    /// The first block of every chain save is left out, unreported.
-    SkipSave,
+impl WorkerConfig {
+    /// The configuration of TP rank `rank` of `tp_size`, serving the
+    /// layers `stage`, loading `lookahead` units ahead.
+    pub fn new(rank: u32, tp_size: u32, stage: Range<u32>, lookahead: usize) -> Self {
+        WorkerConfig {
+            rank,
+            tp_size,
+            stage,
+            lookahead,
+            #[cfg(feature = "sabotage")]
+            sabotage: None,
+        }
+    }
 }
 
 /// Why a load item failed.
@@ -237,6 +238,7 @@ pub struct Worker<D: Device> {
     durable: Vec<(String, TaskHandle)>,
     failed: Vec<(String, Failure)>,
     /// Sabotage::StalePrefix only: the block ids the previous step loaded.
+    #[cfg(feature = "sabotage")]
     last_loaded: HashSet<(usize, Id, u32)>,
     loaded: Vec<String>,
     metrics: Arc<AdapterMetrics>,
@@ -280,6 +282,7 @@ impl<D: Device> Worker<D> {
             regs: HashMap::new(),
             step: None,
             load_errors: HashMap::new(),
+            #[cfg(feature = "sabotage")]
             last_loaded: HashSet::new(),
             durable: Vec::new(),
             failed: Vec::new(),
@@ -502,6 +505,7 @@ impl<D: Device> Worker<D> {
                 let stores = Arc::clone(&self.stores);
                 match (reg, stores.blocks(u.group)) {
                     (Ok(reg), Some(store)) => {
+                        #[cfg_attr(not(feature = "sabotage"), allow(unused_mut))]
                         let (mut items, mut engine_blocks, lost) =
                             self.block_items(u, r, range, &reg);
                         for eb in lost.into_iter().flatten() {
@@ -513,6 +517,7 @@ impl<D: Device> Worker<D> {
                                 .entry((r.id.clone(), u.group, eb))
                                 .or_insert(LoadCause::Failed(why));
                         }
+                        #[cfg(feature = "sabotage")]
                         self.sabotage_load(u.group, &mut items, &mut engine_blocks, reg.stride);
                         self.metrics.load_tasks.fetch_add(1, Ordering::Relaxed);
                         let what = What::Blocks {
@@ -543,7 +548,10 @@ impl<D: Device> Worker<D> {
                 if p == 0 {
                     return None;
                 }
+                #[cfg(feature = "sabotage")]
                 let at = self.sabotage_state_position(u, r, p);
+                #[cfg(not(feature = "sabotage"))]
+                let at = p;
                 let keyed = reg.and_then(|reg| {
                     self.state_item(u, r, at, &reg)
                         .map_err(|e| not_submitted(&e))
@@ -572,67 +580,6 @@ impl<D: Device> Worker<D> {
             task,
             settled: false,
         })
-    }
-
-    /// Applies a load sabotage (tests only; a no-op without one).
-    fn sabotage_load(
-        &mut self,
-        group: usize,
-        items: &mut Vec<TaskItem>,
-        blocks: &mut Vec<u32>,
-        stride: usize,
-    ) {
-        match self.cfg.sabotage {
-            Some(Sabotage::SkipLoad) if !items.is_empty() => {
-                items.remove(0);
-                blocks.remove(0);
-            }
-            Some(Sabotage::WrongEngineBlock) => {
-                for it in items.iter_mut() {
-                    if it.offset + 2 * stride <= it.memory.len() {
-                        it.offset += stride;
-                    }
-                }
-            }
-            Some(Sabotage::StalePrefix) => {
-                let keep: Vec<bool> = items
-                    .iter()
-                    .map(|it| !self.last_loaded.contains(&(group, it.block, it.shard)))
-                    .collect();
-                for it in items.iter() {
-                    self.last_loaded.insert((group, it.block, it.shard));
-                }
-                let mut k = keep.iter();
-                items.retain(|_| *k.next().unwrap_or(&true));
-                let mut k = keep.iter();
-                blocks.retain(|_| *k.next().unwrap_or(&true));
-            }
-            _ => {}
-        }
-    }
-
-    /// The position a state is loaded from: `p`, unless the
-    /// StateFromOtherPosition sabotage (tests only) picks the deepest other
-    /// checkpoint of the same prefix in the directory.
-    fn sabotage_state_position(&self, u: &Unit, r: &ReqMeta, p: u64) -> u64 {
-        if self.cfg.sabotage != Some(Sabotage::StateFromOtherPosition) {
-            return p;
-        }
-        let g = &self.spec.groups()[u.group];
-        let rank = self.id_rank(u.group);
-        let Some(seed) = r.hashes.seeds[u.group].get(rank) else {
-            return p;
-        };
-        let mut q = p.saturating_sub(g.block.max(1));
-        while q > 0 {
-            if let Ok(h) = checkpoint_hash(seed, self.ids(r, u.group), &r.tokens, g.hash_block, q) {
-                if self.directory.contains(&g.name, &h) {
-                    return q;
-                }
-            }
-            q = q.saturating_sub(g.block.max(1));
-        }
-        p
     }
 
     fn stage_index(&self, layer: u32) -> Result<Option<(usize, Unit)>> {
@@ -878,6 +825,7 @@ impl<D: Device> Worker<D> {
                     };
                     let (task, engine_blocks) = match (&reg, self.stores.blocks(u.group)) {
                         (Ok(reg), Some(store)) => {
+                            #[cfg_attr(not(feature = "sabotage"), allow(unused_mut))]
                             let (mut items, mut engine_blocks, lost) =
                                 self.block_items(&u, r, range.clone(), reg);
                             if !lost.is_empty() {
@@ -897,6 +845,7 @@ impl<D: Device> Worker<D> {
                                     )),
                                 });
                             }
+                            #[cfg(feature = "sabotage")]
                             if self.cfg.sabotage == Some(Sabotage::SkipSave) && !items.is_empty() {
                                 items.remove(0);
                                 engine_blocks.remove(0);

@@ -90,11 +90,7 @@ pub fn run_sample(
         ..StoreSetConfig::default()
     };
     ec.seed = cfg.seed;
-    match sabotage {
-        Some(SabotageKind::FlipByte) => ec.flip_byte = true,
-        Some(k) => ec.sabotage = k.adapter(),
-        None => {}
-    }
+    SabotageKind::plant(sabotage, &mut ec)?;
     let mut engine = Engine::open(ec)?;
     let mut rep = SampleReport {
         requests: trace.len(),

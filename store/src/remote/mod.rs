@@ -35,8 +35,11 @@
 //! and writes fail with a typed error ([`StoreError::Remote`],
 //! [`StoreError::ObjectStore`], [`StoreError::Timeout`]).
 
+#[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "s3")]
 mod s3;
+mod url;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,7 +48,7 @@ use crate::error::{Result, StoreError};
 use crate::geometry::{hex, BlockId, Geometry};
 use crate::header;
 
-pub use self::s3::S3Location;
+pub use self::url::S3Location;
 
 /// Longest namespace accepted.
 const MAX_NAMESPACE: usize = 64;
@@ -87,7 +90,7 @@ impl RemoteConfig {
         let endpoint = if url.starts_with("s3://") {
             Endpoint::S3(S3Location::from_url(url)?)
         } else {
-            Endpoint::Redis(redis::nodes_from_url(url)?)
+            Endpoint::Redis(url::nodes_from_url(url)?)
         };
         let cfg = RemoteConfig {
             endpoint,
@@ -145,10 +148,12 @@ pub type RemoteRead = Result<Option<Vec<Vec<u8>>>>;
 enum Layout {
     /// One value per shard and a header value written after them (a
     /// key-value store: Redis).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Keys,
     /// One object per block, the header first and the shards after it,
     /// written by one atomic PUT and read by byte ranges (object storage:
     /// S3, where a request per shard would cost too much).
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
     Object,
 }
 
@@ -195,10 +200,12 @@ trait Backend: Send + Sync {
 /// The same failure again, for each block of a batch that failed as one.
 pub(crate) fn again(e: &StoreError) -> StoreError {
     match e {
+        #[cfg(feature = "redis")]
         StoreError::Remote { op, source } => StoreError::Remote {
             op,
             source: source.clone(),
         },
+        #[cfg(feature = "s3")]
         StoreError::ObjectStore { op, source } => StoreError::ObjectStore {
             op,
             source: std::sync::Arc::clone(source),
@@ -216,6 +223,27 @@ enum Reply {
     Damaged,
     /// The header's bytes and each shard asked (`None`: missing).
     Parts(Vec<u8>, Vec<Option<Vec<u8>>>),
+}
+
+/// The backend serving `cfg`'s endpoint, or [`StoreError::NotBuilt`]
+/// where this build leaves it out.
+fn backend(cfg: &RemoteConfig) -> Result<Box<dyn Backend>> {
+    match &cfg.endpoint {
+        #[cfg(feature = "redis")]
+        Endpoint::Redis(nodes) => Ok(Box::new(redis::RedisBackend::new(nodes, cfg.timeout)?)),
+        #[cfg(not(feature = "redis"))]
+        Endpoint::Redis(_) => Err(StoreError::NotBuilt {
+            what: "a Redis or Valkey remote tier",
+            feature: "redis",
+        }),
+        #[cfg(feature = "s3")]
+        Endpoint::S3(loc) => Ok(Box::new(s3::S3Backend::new(loc, cfg.timeout)?)),
+        #[cfg(not(feature = "s3"))]
+        Endpoint::S3(_) => Err(StoreError::NotBuilt {
+            what: "an S3 cold tier",
+            feature: "s3",
+        }),
+    }
 }
 
 /// A block store on shared remote storage (a Redis or Valkey cluster, an
@@ -241,10 +269,7 @@ impl RemoteTier {
     /// yet; an S3 client is built, without a request).
     pub fn new(cfg: RemoteConfig) -> Result<Self> {
         cfg.validate()?;
-        let backend: Box<dyn Backend> = match &cfg.endpoint {
-            Endpoint::Redis(nodes) => Box::new(redis::RedisBackend::new(nodes, cfg.timeout)?),
-            Endpoint::S3(loc) => Box::new(s3::S3Backend::new(loc, cfg.timeout)?),
-        };
+        let backend = backend(&cfg)?;
         let g = cfg.geometry;
         let base = [
             "ucm".to_string(),
@@ -571,5 +596,55 @@ impl RemoteTier {
             })
             .collect();
         self.failed(self.backend.delete(&shards))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry() -> Geometry {
+        Geometry {
+            shard_bytes: 4096,
+            shards_per_block: 2,
+        }
+    }
+
+    #[test]
+    fn a_url_parses_the_same_in_every_build() {
+        let r = RemoteConfig::from_url("redis://127.0.0.1:7000,h:7001", "ns", geometry()).unwrap();
+        assert_eq!(
+            r.endpoint,
+            Endpoint::Redis(vec![
+                "redis://127.0.0.1:7000".into(),
+                "redis://h:7001".into()
+            ])
+        );
+        let s = RemoteConfig::from_url("s3://bucket/a/b?region=eu", "ns", geometry()).unwrap();
+        assert!(matches!(&s.endpoint, Endpoint::S3(l) if l.prefix == "a/b"));
+        assert!(RemoteConfig::from_url("http://x:1", "ns", geometry()).is_err());
+    }
+
+    /// A build without a backend refuses its tier by name: a plain
+    /// `cargo test -p ucm-store` runs these.
+    #[test]
+    fn a_backend_left_out_of_the_build_is_refused_by_name() {
+        let redis = RemoteConfig::from_url("redis://127.0.0.1:1", "ns", geometry()).unwrap();
+        let s3 =
+            RemoteConfig::from_url("s3://bucket?endpoint=http://127.0.0.1:1", "ns", geometry())
+                .unwrap();
+        for (cfg, feature, built) in [
+            (redis, "redis", cfg!(feature = "redis")),
+            (s3, "s3", cfg!(feature = "s3")),
+        ] {
+            match RemoteTier::new(cfg) {
+                Err(StoreError::NotBuilt { feature: f, .. }) => {
+                    assert!(!built, "{feature} is built in");
+                    assert_eq!(f, feature);
+                }
+                Ok(_) => assert!(built, "{feature} is not built in"),
+                Err(e) => panic!("{feature}: {e}"),
+            }
+        }
     }
 }

@@ -11,45 +11,8 @@ use std::time::Duration;
 
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterClientBuilder, ClusterConnection};
 
-use super::{shown, Backend, Layout};
+use super::{Backend, Layout};
 use crate::error::{Result, StoreError};
-
-/// The seed nodes of `redis://host:port[,host:port...]` (`valkey://` too,
-/// and a scheme on each node is accepted).
-pub(super) fn nodes_from_url(url: &str) -> Result<Vec<String>> {
-    let rest = url
-        .strip_prefix("redis://")
-        .or_else(|| url.strip_prefix("valkey://"))
-        .ok_or_else(|| {
-            StoreError::Config(format!(
-                "remote tier URL `{}` must start with redis://, valkey:// or s3://",
-                shown(url)
-            ))
-        })?;
-    let mut nodes = Vec::new();
-    for part in rest.split(',').map(str::trim) {
-        let part = part
-            .strip_prefix("redis://")
-            .or_else(|| part.strip_prefix("valkey://"))
-            .unwrap_or(part);
-        let ok = part.rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty()
-                && host.len() <= 253
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-._[]:".contains(c))
-                && port.parse::<u16>().is_ok_and(|p| p > 0)
-        });
-        if !ok {
-            return Err(StoreError::Config(format!(
-                "remote tier URL: `{}` is not host:port",
-                shown(part)
-            )));
-        }
-        nodes.push(format!("redis://{part}"));
-    }
-    Ok(nodes)
-}
 
 /// A Redis or Valkey cluster.
 pub(super) struct RedisBackend {

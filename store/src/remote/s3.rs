@@ -16,86 +16,11 @@ use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
-use super::{shown, Backend, Layout, RangedObject};
+use super::{Backend, Layout, RangedObject, S3Location};
 use crate::error::{Result, StoreError};
 
 /// Requests in flight per batch.
 pub const CONCURRENCY: usize = 32;
-
-/// A bucket and where it is served.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct S3Location {
-    /// The bucket.
-    pub bucket: String,
-    /// A key prefix inside the bucket (no leading or trailing `/`; may be
-    /// empty).
-    pub prefix: String,
-    /// The endpoint (`http://host:port` for a local server); `None`: the
-    /// `AWS_ENDPOINT` variable, else AWS itself.
-    pub endpoint: Option<String>,
-    /// The region; `None`: `AWS_REGION`, else `us-east-1`.
-    pub region: Option<String>,
-}
-
-fn plain(s: &str) -> bool {
-    s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
-}
-
-impl S3Location {
-    /// Parses `s3://bucket[/prefix][?endpoint=URL&region=R]`.
-    pub fn from_url(url: &str) -> Result<Self> {
-        let bad = |why: &str| StoreError::Config(format!("S3 URL `{}`: {why}", shown(url)));
-        let rest = url.strip_prefix("s3://").ok_or_else(|| bad("not s3://"))?;
-        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
-        let prefix = prefix.trim_matches('/');
-        let bucket_ok = (3..=63).contains(&bucket.len())
-            && bucket
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.".contains(c));
-        if !bucket_ok {
-            return Err(bad(
-                "the bucket must be 3-63 lowercase letters, digits, `-` or `.`",
-            ));
-        }
-        if prefix.len() > 256
-            || !prefix
-                .split('/')
-                .all(|p| prefix.is_empty() || (!p.is_empty() && plain(p) && p != "." && p != ".."))
-        {
-            return Err(bad(
-                "the prefix must be `/`-separated names of letters, digits, `-`, `_` or `.`",
-            ));
-        }
-        let mut loc = S3Location {
-            bucket: bucket.to_string(),
-            prefix: prefix.to_string(),
-            endpoint: None,
-            region: None,
-        };
-        for kv in query.split('&').filter(|s| !s.is_empty()) {
-            match kv.split_once('=') {
-                Some(("endpoint", v))
-                    if (v.starts_with("http://") || v.starts_with("https://"))
-                        && v.len() <= 256
-                        && v.chars().all(|c| c.is_ascii_graphic()) =>
-                {
-                    loc.endpoint = Some(v.trim_end_matches('/').to_string());
-                }
-                Some(("region", v)) if !v.is_empty() && v.len() <= 64 && plain(v) => {
-                    loc.region = Some(v.to_string());
-                }
-                _ => {
-                    return Err(bad(
-                        "options are endpoint=http(s)://host:port and region=NAME",
-                    ))
-                }
-            }
-        }
-        Ok(loc)
-    }
-}
 
 /// An S3-compatible bucket.
 pub(super) struct S3Backend {
