@@ -27,7 +27,7 @@
 
 use md5::{Digest, Md5};
 
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, RequestError, Result};
 use crate::spec::{Group, Kind, RankRule, SpecTable};
 
 /// A 16-byte id (block id, group seed or checkpoint hash).
@@ -139,10 +139,12 @@ pub fn checkpoint_hash(seed: &Id, ids: &[Id], tokens: &[u32], hb: u64, p: u64) -
     let hb = hb.max(1);
     let full = (p / hb) as usize;
     if p as usize > tokens.len() || full > ids.len() {
-        return Err(CoordError::BadRequest(format!(
-            "checkpoint position {p} lies beyond the {} hashed tokens",
-            tokens.len().min(ids.len() * hb as usize + hb as usize - 1)
-        )));
+        return Err(CoordError::BadRequest(
+            RequestError::CheckpointBeyondTokens {
+                position: p,
+                hashed: tokens.len().min(ids.len() * hb as usize + hb as usize - 1) as u64,
+            },
+        ));
     }
     let parent = if full == 0 { seed } else { &ids[full - 1] };
     let mut h = Md5::new();
@@ -175,7 +177,7 @@ impl RequestHashes {
         keys: &RequestKeys,
     ) -> Result<Self> {
         if dep.tp_size == 0 {
-            return Err(CoordError::BadRequest("tp_size must be positive".into()));
+            return Err(CoordError::BadRequest(RequestError::ZeroTpSize));
         }
         let mut chains = Vec::new();
         let mut seeds = Vec::new();

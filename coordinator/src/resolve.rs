@@ -17,7 +17,7 @@
 
 use serde::Serialize;
 
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, RequestError, Result};
 use crate::hash::{checkpoint_hash, Id, RequestHashes};
 use crate::spec::{Group, Kind, SpecTable};
 
@@ -128,19 +128,20 @@ fn resolve(
 ) -> Result<Resolution> {
     let n = tokens.len() as u64;
     if n == 0 {
-        return Err(CoordError::BadRequest("empty prompt".into()));
+        return Err(CoordError::BadRequest(RequestError::EmptyPrompt));
     }
     let gc = spec.chain_grid();
     let grid = spec.common_grid();
     if n < gc {
-        return Err(CoordError::BadRequest(format!(
-            "a prompt of {n} tokens is shorter than one block of the chain grid ({gc} tokens): nothing can hit"
-        )));
+        return Err(CoordError::BadRequest(
+            RequestError::PromptShorterThanGrid {
+                tokens: n as u64,
+                grid: gc,
+            },
+        ));
     }
     if hashes.chains.len() != spec.groups().len() {
-        return Err(CoordError::BadRequest(
-            "the request's hashes were computed for another spec table".into(),
-        ));
+        return Err(CoordError::BadRequest(RequestError::ForeignHashes));
     }
     // Chain views: one lookup per rank per group.
     let mut views = Vec::new();
@@ -150,11 +151,11 @@ fn resolve(
         let mut present = vec![true; blocks];
         for ids in ranks {
             if ids.len() < blocks {
-                return Err(CoordError::BadRequest(format!(
-                    "group `{}`: {} ids for {blocks} blocks",
-                    g.name,
-                    ids.len()
-                )));
+                return Err(CoordError::BadRequest(RequestError::IdCount {
+                    group: g.name.clone(),
+                    ids: ids.len() as u64,
+                    blocks: blocks as u64,
+                }));
             }
             let ids = &ids[..blocks];
             if g.window.is_none() {
@@ -221,7 +222,9 @@ fn resolve(
                     .iter()
                     .find(|v| v.group.index == g.index)
                     .ok_or_else(|| {
-                        CoordError::BadRequest(format!("group `{}` has no view", g.name))
+                        CoordError::BadRequest(RequestError::NoView {
+                            group: g.name.clone(),
+                        })
                     })?;
                 match g.window {
                     None => {

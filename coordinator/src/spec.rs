@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, RequestError, Result};
 use crate::identity::{Identity, IdentityRow};
 use ucm_store::paths::{check_name, short};
 
@@ -681,7 +681,11 @@ impl SpecTable {
         self.by_name
             .get(name)
             .map(|&i| &self.groups[i])
-            .ok_or_else(|| CoordError::BadRequest(format!("unknown group `{name}`")))
+            .ok_or_else(|| {
+                CoordError::BadRequest(RequestError::UnknownGroup {
+                    name: name.chars().take(80).collect(),
+                })
+            })
     }
 
     /// Chain groups (the ones that vote on `l`).

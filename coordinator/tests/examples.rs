@@ -10,7 +10,8 @@ use ucm_coordinator::retention::{
     SpeculativeBudget, MAX_LEVEL,
 };
 use ucm_coordinator::{
-    resolve_hit, CheckpointDirectory, CoordError, Deployment, RequestHashes, RequestKeys, SpecTable,
+    resolve_hit, CheckpointDirectory, CoordError, Deployment, RequestError, RequestHashes,
+    RequestKeys, SpecTable,
 };
 
 const DEP: Deployment = Deployment { tp_size: 8 };
@@ -398,11 +399,25 @@ fn bad_requests_are_errors() {
     let h = RequestHashes::compute(&spec, DEP, &empty, &RequestKeys::default()).unwrap();
     let e = resolve_hit(&spec, &empty, &h, &pres, &dir).unwrap_err();
     assert!(e.to_string().contains("empty prompt"), "{e}");
+    assert!(
+        matches!(e, CoordError::BadRequest(RequestError::EmptyPrompt)),
+        "{e:?}"
+    );
     let short = tokens(1, 100);
     let h = RequestHashes::compute(&spec, DEP, &short, &RequestKeys::default()).unwrap();
     let e = resolve_hit(&spec, &short, &h, &pres, &dir).unwrap_err();
     assert!(e.to_string().contains("shorter than one block"), "{e}");
-    assert!(matches!(spec.group("nope"), Err(CoordError::BadRequest(_))));
+    assert!(
+        matches!(
+            e,
+            CoordError::BadRequest(RequestError::PromptShorterThanGrid { tokens: 100, .. })
+        ),
+        "{e:?}"
+    );
+    assert!(matches!(
+        spec.group("nope"),
+        Err(CoordError::BadRequest(RequestError::UnknownGroup { name })) if name == "nope"
+    ));
     // Hashes of another spec are refused.
     let other = SpecTable::from_toml(
         "model = \"o\"\n[[group]]\nname = \"a\"\nkind = \"chain\"\nblock_size = 128\nlayers = \"0\"\nbytes_per_token = 2\n",

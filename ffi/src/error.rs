@@ -1,6 +1,8 @@
 //! The foreign interfaces' error type and the status codes it maps to.
 
 use thiserror::Error;
+
+use crate::status;
 use ucm_coordinator::CoordError;
 
 /// Everything a call through the C ABI or the Python module can refuse or
@@ -31,18 +33,16 @@ impl FfiError {
     /// The C status code of this error (see `ucm_status_t`).
     pub fn status(&self) -> i32 {
         match self {
-            FfiError::Invalid(_) => crate::c_api::UCM_ERR_INVALID,
-            FfiError::Unsupported(_) => crate::c_api::UCM_ERR_UNSUPPORTED,
+            FfiError::Invalid(_) => status::UCM_ERR_INVALID,
+            FfiError::Unsupported(_) => status::UCM_ERR_UNSUPPORTED,
             FfiError::Coord(
                 CoordError::Spec(_) | CoordError::SpecFile { .. } | CoordError::Identity { .. },
-            ) => crate::c_api::UCM_ERR_SPEC,
-            FfiError::Coord(CoordError::BadRequest(_) | CoordError::Geometry(_)) => {
-                crate::c_api::UCM_ERR_REQUEST
-            }
-            FfiError::Coord(CoordError::Store(_)) => crate::c_api::UCM_ERR_STORE,
-            FfiError::Device(_) => crate::c_api::UCM_ERR_DEVICE,
-            FfiError::Buffer(_) => crate::c_api::UCM_ERR_BUFFER,
-            FfiError::Panic(_) => crate::c_api::UCM_ERR_PANIC,
+            ) => status::UCM_ERR_SPEC,
+            FfiError::Coord(CoordError::BadRequest(_)) => status::UCM_ERR_REQUEST,
+            FfiError::Coord(CoordError::Store(_)) => status::UCM_ERR_STORE,
+            FfiError::Device(_) => status::UCM_ERR_DEVICE,
+            FfiError::Buffer(_) => status::UCM_ERR_BUFFER,
+            FfiError::Panic(_) => status::UCM_ERR_PANIC,
         }
     }
 }

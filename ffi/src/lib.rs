@@ -19,6 +19,7 @@ pub mod python;
 #[cfg(feature = "python")]
 pub mod python_store;
 pub mod runtime;
+pub mod status;
 pub mod wire;
 
 pub use blockstore::{ItemProblem, ItemReport, RawItem, RawStore, RawStoreOptions};

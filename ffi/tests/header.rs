@@ -1,5 +1,5 @@
 //! The committed C header `ffi/include/ucm.h` is what cbindgen generates
-//! from `ffi/src/c_api.rs` now. A stale header fails this test;
+//! from `ffi/src/status.rs` and `ffi/src/c_api.rs` now. A stale header fails this test;
 //! `UCM_BLESS=1 cargo test -p ucm-ffi --test header` rewrites it.
 
 use std::path::Path;
@@ -38,9 +38,10 @@ fn generate() -> String {
     let mut out = Vec::new();
     cbindgen::Builder::new()
         .with_config(cfg)
+        .with_src(dir.join("src/status.rs"))
         .with_src(dir.join("src/c_api.rs"))
         .generate()
-        .expect("cbindgen parses c_api.rs")
+        .expect("cbindgen parses status.rs and c_api.rs")
         .write(&mut out);
     String::from_utf8(out).expect("utf-8 header")
 }

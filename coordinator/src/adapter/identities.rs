@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, RequestError, Result};
 use crate::identity::Identity;
 use crate::spec::SpecTable;
 use ucm_store::StoreError;
@@ -46,7 +46,10 @@ fn read_text(file: &Path) -> Result<Option<String>> {
         Ok(t) => Ok(Some(t)),
         Err(SmallFileError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(SmallFileError::Io(e)) => Err(fs_err("read", file)(e)),
-        Err(e) => Err(CoordError::BadRequest(format!("{}: {e}", file.display()))),
+        Err(e) => Err(CoordError::BadRequest(RequestError::UnreadableFile {
+            path: file.to_path_buf(),
+            why: e.to_string(),
+        })),
     }
 }
 
@@ -108,10 +111,9 @@ fn touch(file: &Path) -> Result<()> {
     match fs::symlink_metadata(file) {
         Ok(m) if m.is_file() => {}
         Ok(_) => {
-            return Err(CoordError::BadRequest(format!(
-                "{}: not a regular file",
-                file.display()
-            )))
+            return Err(CoordError::BadRequest(RequestError::NotARegularFile {
+                path: file.to_path_buf(),
+            }))
         }
         Err(e) => return Err(fs_err("inspect", file)(e)),
     }
@@ -244,15 +246,15 @@ fn scan(dir: &Path, with_bytes: bool) -> Result<Vec<IdentityEntry>> {
 /// it lose what it held (their loads fail and are recomputed).
 pub fn remove(dir: &Path, hex: &str) -> Result<u64> {
     if !is_hex32(hex) {
-        return Err(CoordError::BadRequest(format!(
-            "`{hex}` is not an identity digest (32 lowercase hex digits)"
-        )));
+        return Err(CoordError::BadRequest(RequestError::NotADigest {
+            text: hex.chars().take(80).collect(),
+        }));
     }
     if !scan(dir, false)?.iter().any(|e| e.hex == hex) {
-        return Err(CoordError::BadRequest(format!(
-            "{} holds no identity {hex}",
-            dir.display()
-        )));
+        return Err(CoordError::BadRequest(RequestError::NoSuchIdentity {
+            dir: dir.to_path_buf(),
+            digest: hex.to_string(),
+        }));
     }
     remove_listed(dir, hex)
 }

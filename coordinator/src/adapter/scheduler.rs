@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::ceiling::{HitCeiling, DEFAULT_BOUND};
 use crate::directory::CheckpointDirectory;
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, MetaProblem, RequestError, Result};
 use crate::hash::{Deployment, RequestHashes, RequestKeys};
 use crate::resolve::{resolve_positions, Presence};
 use crate::retention::{
@@ -89,23 +89,21 @@ impl ReqMeta {
     /// allocate past what the request's own tokens bound.
     pub fn validate(&self, spec: &SpecTable) -> Result<()> {
         let n = self.tokens.len() as u64;
-        let bad = |why: String| {
-            Err(CoordError::BadRequest(format!(
-                "request `{}`: {why}",
-                self.id
-            )))
+        let bad = |problem: MetaProblem| {
+            Err(CoordError::BadRequest(RequestError::Meta {
+                request: self.id.clone(),
+                problem,
+            }))
         };
         if let Some((p, have)) = self.load {
             if p > n || have > p {
-                return bad(format!(
-                    "load to {p} with {have} tokens held does not lie within its {n} tokens"
-                ));
+                return bad(MetaProblem::LoadOutside { p, have, tokens: n });
             }
         }
         if self.hashes.chains.len() > spec.groups().len()
             || self.hashes.seeds.len() > spec.groups().len()
         {
-            return bad("ids of more groups than the spec table has".into());
+            return bad(MetaProblem::IdsOfUnknownGroups);
         }
         for g in spec.groups() {
             // A snapshot group's chain is of its hash block, not its grid.
@@ -117,22 +115,24 @@ impl ReqMeta {
                 .get(g.index)
                 .map_or(&[][..], Vec::as_slice);
             if ranks.iter().any(|ids| ids.len() > blocks) {
-                return bad(format!(
-                    "ids of group `{}` past its {blocks} blocks",
-                    g.name
-                ));
+                return bad(MetaProblem::IdsPastBlocks {
+                    group: g.name.clone(),
+                    blocks,
+                });
             }
         }
         for (g, range) in &self.save_blocks {
             let Some(group) = spec.groups().get(*g) else {
-                return bad(format!("group {g} is not in the spec table"));
+                return bad(MetaProblem::UnknownGroup { group: *g });
             };
             let blocks = n.div_ceil(spec.block_of(group.index).max(1)) as usize;
             if range.start > range.end || range.end > blocks {
-                return bad(format!(
-                    "saves blocks {}..{} of group `{}`, past its {blocks} blocks",
-                    range.start, range.end, group.name
-                ));
+                return bad(MetaProblem::SavesPastBlocks {
+                    group: group.name.clone(),
+                    start: range.start,
+                    end: range.end,
+                    blocks,
+                });
             }
         }
         for st in &self.save_states {
@@ -141,13 +141,13 @@ impl ReqMeta {
                 .get(st.group)
                 .is_none_or(|g| g.kind != Kind::Snapshot)
             {
-                return bad(format!("group {} is not a snapshot group", st.group));
+                return bad(MetaProblem::NotASnapshotGroup { group: st.group });
             }
             if st.position > n {
-                return bad(format!(
-                    "saves a state at {} past its {n} tokens",
-                    st.position
-                ));
+                return bad(MetaProblem::StatePastTokens {
+                    position: st.position,
+                    tokens: n,
+                });
             }
         }
         Ok(())
@@ -375,10 +375,11 @@ impl<P: Presence> Scheduler<P> {
                 },
             );
         }
-        let st = self
-            .reqs
-            .get_mut(&req.id)
-            .ok_or_else(|| CoordError::BadRequest(format!("request `{}` vanished", req.id)))?;
+        let st = self.reqs.get_mut(&req.id).ok_or_else(|| {
+            CoordError::BadRequest(RequestError::UnknownRequest {
+                request: req.id.clone(),
+            })
+        })?;
         st.l = l;
         st.p_star = p_star;
         st.num_computed = num_computed;
@@ -403,11 +404,12 @@ impl<P: Presence> Scheduler<P> {
         let spec = Arc::clone(&self.spec);
         let st = self.state(req_id)?;
         if num_external_tokens > 0 && st.num_computed + num_external_tokens != st.p_star {
-            return Err(CoordError::BadRequest(format!(
-                "request `{req_id}`: {} computed + {num_external_tokens} external tokens is not the \
-                 matched prefix of {}",
-                st.num_computed, st.p_star
-            )));
+            return Err(CoordError::BadRequest(RequestError::NotTheMatchedPrefix {
+                request: req_id.to_string(),
+                computed: st.num_computed,
+                external: num_external_tokens,
+                matched: st.p_star,
+            }));
         }
         for g in spec.groups() {
             let need = match g.kind {
@@ -417,16 +419,17 @@ impl<P: Presence> Scheduler<P> {
                 _ => 0,
             };
             if need > 0 && alloc.blocks.get(&g.index).is_none_or(|b| b.len() < need) {
-                return Err(CoordError::BadRequest(format!(
-                    "request `{req_id}`: group `{}` needs {need} engine blocks",
-                    g.name
-                )));
+                return Err(CoordError::BadRequest(RequestError::TooFewEngineBlocks {
+                    request: req_id.to_string(),
+                    group: g.name.clone(),
+                    need: need as u64,
+                }));
             }
             if g.kind == Kind::Snapshot && !alloc.state_slots.contains_key(&g.index) {
-                return Err(CoordError::BadRequest(format!(
-                    "request `{req_id}`: group `{}` needs a state slot",
-                    g.name
-                )));
+                return Err(CoordError::BadRequest(RequestError::NoStateSlot {
+                    request: req_id.to_string(),
+                    group: g.name.clone(),
+                }));
             }
         }
         st.load_pending = num_external_tokens > 0;
@@ -450,9 +453,9 @@ impl<P: Presence> Scheduler<P> {
     pub fn update_allocation(&mut self, req_id: &str, alloc: Allocation) -> Result<()> {
         let st = self.state(req_id)?;
         if st.alloc.is_none() {
-            return Err(CoordError::BadRequest(format!(
-                "request `{req_id}`: update_state_after_alloc was not called"
-            )));
+            return Err(CoordError::BadRequest(RequestError::NotAllocated {
+                request: req_id.to_string(),
+            }));
         }
         st.alloc = Some(Arc::new(alloc));
         Ok(())
@@ -468,10 +471,10 @@ impl<P: Presence> Scheduler<P> {
         let st = self.state(req_id)?;
         let old = &st.req.tokens;
         if tokens.len() < old.len() || tokens[..old.len()] != old[..] {
-            return Err(CoordError::BadRequest(format!(
-                "request `{req_id}`: extended tokens do not begin with its {} known tokens",
-                old.len()
-            )));
+            return Err(CoordError::BadRequest(RequestError::ExtensionDiverges {
+                request: req_id.to_string(),
+                known: old.len() as u64,
+            }));
         }
         if tokens.len() == old.len() {
             return Ok(());
@@ -506,16 +509,17 @@ impl<P: Presence> Scheduler<P> {
             let st = self.state(&c.req)?;
             let n = st.req.tokens.len() as u64;
             if c.start > c.end || c.end > n {
-                return Err(CoordError::BadRequest(format!(
-                    "request `{}`: chunk [{}, {}) outside its {n} tokens",
-                    c.req, c.start, c.end
-                )));
+                return Err(CoordError::BadRequest(RequestError::ChunkOutside {
+                    request: c.req.clone(),
+                    start: c.start,
+                    end: c.end,
+                    tokens: n,
+                }));
             }
             let alloc = st.alloc.clone().ok_or_else(|| {
-                CoordError::BadRequest(format!(
-                    "request `{}`: update_state_after_alloc was not called",
-                    c.req
-                ))
+                CoordError::BadRequest(RequestError::NotAllocated {
+                    request: c.req.clone(),
+                })
             })?;
             let load = std::mem::take(&mut st.load_pending).then_some((st.p_star, st.num_computed));
             let mut save_blocks = Vec::new();
@@ -610,9 +614,9 @@ impl<P: Presence> Scheduler<P> {
 
     fn state(&mut self, req_id: &str) -> Result<&mut ReqState> {
         self.reqs.get_mut(req_id).ok_or_else(|| {
-            CoordError::BadRequest(format!(
-                "unknown request `{req_id}` (get_num_new_matched_tokens first)"
-            ))
+            CoordError::BadRequest(RequestError::UnknownRequest {
+                request: req_id.to_string(),
+            })
         })
     }
 }

@@ -49,7 +49,7 @@ use super::scheduler::{ConnectorMeta, ReqMeta};
 use super::stores::StoreSet;
 use super::units::{Unit, UnitMap};
 use crate::directory::CheckpointDirectory;
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, RequestError, Result};
 use crate::hash::{checkpoint_hash, Id};
 use crate::retention::Priority;
 use crate::spec::{Kind, SpecTable};
@@ -255,16 +255,16 @@ impl<D: Device> Worker<D> {
         cfg: WorkerConfig,
     ) -> Result<Self> {
         if cfg.stage.start > cfg.stage.end {
-            return Err(CoordError::BadRequest(format!(
-                "pipeline stage {}..{} ends before it starts",
-                cfg.stage.start, cfg.stage.end
-            )));
+            return Err(CoordError::BadRequest(RequestError::StageReversed {
+                start: cfg.stage.start,
+                end: cfg.stage.end,
+            }));
         }
         if cfg.rank >= cfg.tp_size {
-            return Err(CoordError::BadRequest(format!(
-                "rank {} of a TP size of {}",
-                cfg.rank, cfg.tp_size
-            )));
+            return Err(CoordError::BadRequest(RequestError::RankOutOfRange {
+                rank: cfg.rank,
+                tp_size: cfg.tp_size,
+            }));
         }
         let stage = units
             .stage(cfg.stage.clone())?
@@ -312,17 +312,17 @@ impl<D: Device> Worker<D> {
             let need = self.stores.shard_bytes(u.group);
             match self.regs.get(&u.first_layer()) {
                 None => {
-                    return Err(CoordError::BadRequest(format!(
-                        "layer {} (group `{}`) is not registered",
-                        u.first_layer(),
-                        g.name
-                    )))
+                    return Err(CoordError::BadRequest(RequestError::LayerNotRegistered {
+                        layer: u.first_layer(),
+                        group: g.name.clone(),
+                    }))
                 }
                 Some(r) if r.stride < need => {
-                    return Err(CoordError::BadRequest(format!(
-                        "layer {}: a stride of {} bytes cannot hold a shard of {need}",
-                        r.layer, r.stride
-                    )))
+                    return Err(CoordError::BadRequest(RequestError::StrideTooSmall {
+                        layer: r.layer,
+                        stride: r.stride as u64,
+                        need: need as u64,
+                    }))
                 }
                 Some(_) => {}
             }
@@ -353,7 +353,10 @@ impl<D: Device> Worker<D> {
         let g = &self.spec.groups()[u.group];
         let rank = self.id_rank(u.group);
         let seed = r.hashes.seeds[u.group].get(rank).ok_or_else(|| {
-            CoordError::BadRequest(format!("no seed for rank {rank} of group `{}`", g.name))
+            CoordError::BadRequest(RequestError::NoSeed {
+                rank: rank as u32,
+                group: g.name.clone(),
+            })
         })?;
         let hash = checkpoint_hash(
             seed,
@@ -363,10 +366,10 @@ impl<D: Device> Worker<D> {
             position,
         )?;
         let slot = r.alloc.state_slots.get(&u.group).ok_or_else(|| {
-            CoordError::BadRequest(format!(
-                "request `{}` has no state slot for `{}`",
-                r.id, g.name
-            ))
+            CoordError::BadRequest(RequestError::NoStateSlot {
+                request: r.id.clone(),
+                group: g.name.clone(),
+            })
         })?;
         Ok((
             SnapshotKey {
@@ -421,7 +424,10 @@ impl<D: Device> Worker<D> {
 
     fn reg(&self, u: &Unit) -> Result<&LayerRegistration> {
         self.regs.get(&u.first_layer()).ok_or_else(|| {
-            CoordError::BadRequest(format!("layer {} is not registered", u.first_layer()))
+            CoordError::BadRequest(RequestError::LayerNotRegistered {
+                layer: u.first_layer(),
+                group: self.spec.groups()[u.group].name.clone(),
+            })
         })
     }
 
@@ -585,24 +591,22 @@ impl<D: Device> Worker<D> {
     fn stage_index(&self, layer: u32) -> Result<Option<(usize, Unit)>> {
         let Some(u) = self.units.unit_of(layer) else {
             if !self.spec.groups().iter().any(|g| g.layers.contains(&layer)) {
-                return Err(CoordError::BadRequest(format!(
-                    "layer {layer} is not a layer of the spec table"
-                )));
+                return Err(CoordError::BadRequest(RequestError::NotALayer { layer }));
             }
             if !self.cfg.stage.contains(&layer) {
-                return Err(CoordError::BadRequest(format!(
-                    "layer {layer} is not in this worker's stage {:?}",
-                    self.cfg.stage
-                )));
+                return Err(CoordError::BadRequest(RequestError::LayerOutsideStage {
+                    layer,
+                    stage: self.cfg.stage.clone(),
+                }));
             }
             return Ok(None); // a `none` layer: nothing to load or save
         };
         match self.stage.iter().position(|s| s.global == u.global) {
             Some(i) => Ok(Some((i, u.clone()))),
-            None => Err(CoordError::BadRequest(format!(
-                "layer {layer} is not in this worker's stage {:?}",
-                self.cfg.stage
-            ))),
+            None => Err(CoordError::BadRequest(RequestError::LayerOutsideStage {
+                layer,
+                stage: self.cfg.stage.clone(),
+            })),
         }
     }
 
@@ -620,7 +624,7 @@ impl<D: Device> Worker<D> {
     /// The common start of a layer wait: starts the lookahead and returns
     /// the unit to wait for, or `None` when there is nothing to wait for
     /// (a `none` layer, a row's later layer, a repeated call).
-    fn begin_wait(&mut self, layer: u32, hook: &str) -> Result<Option<u32>> {
+    fn begin_wait(&mut self, layer: u32, hook: &'static str) -> Result<Option<u32>> {
         let Some((i, u)) = self.stage_index(layer)? else {
             return Ok(None);
         };
@@ -629,9 +633,9 @@ impl<D: Device> Worker<D> {
         }
         self.start_until(i + 1 + self.cfg.lookahead);
         let Some(step) = self.step.as_mut() else {
-            return Err(CoordError::BadRequest(format!(
-                "{hook} before start_load_kv"
-            )));
+            return Err(CoordError::BadRequest(RequestError::HookBeforeStart {
+                hook,
+            }));
         };
         if !step.waited.insert(u.global) {
             self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
@@ -803,9 +807,9 @@ impl<D: Device> Worker<D> {
             return Ok(()); // a row is saved after its last layer
         }
         let Some(step) = self.step.as_mut() else {
-            return Err(CoordError::BadRequest(
-                "save_kv_layer before start_load_kv".into(),
-            ));
+            return Err(CoordError::BadRequest(RequestError::HookBeforeStart {
+                hook: "save_kv_layer",
+            }));
         };
         if !step.saved.insert(u.global) {
             self.metrics.repeated_calls.fetch_add(1, Ordering::Relaxed);
