@@ -135,7 +135,7 @@ fn resolve(
     if n < gc {
         return Err(CoordError::BadRequest(
             RequestError::PromptShorterThanGrid {
-                tokens: n as u64,
+                tokens: n,
                 grid: gc,
             },
         ));
