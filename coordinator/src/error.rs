@@ -2,12 +2,14 @@
 
 use thiserror::Error;
 
+use crate::spec::{AccessUnit, Kind, MAX_LAYERS};
+
 /// Everything the coordinator can refuse or fail at.
 #[derive(Debug, Error)]
 pub enum CoordError {
-    /// The spec table is malformed; the text names the group and field.
+    /// The spec table is malformed: which group and field, and how.
     #[error("spec table: {0}")]
-    Spec(String),
+    Spec(SpecError),
     /// A spec file could not be read or parsed.
     #[error("spec file {path}: {why}")]
     SpecFile {
@@ -31,6 +33,217 @@ pub enum CoordError {
     /// A store operation failed.
     #[error(transparent)]
     Store(#[from] ucm_store::StoreError),
+}
+
+/// What is wrong with a spec table ([`CoordError::Spec`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SpecError {
+    /// The model name is empty.
+    #[error("the model name is empty")]
+    EmptyModel,
+    /// The table has no group.
+    #[error("no groups")]
+    NoGroups,
+    /// `num_layers` is too large.
+    #[error("num_layers must not exceed {max}")]
+    TooManyLayers {
+        /// The bound.
+        max: u32,
+    },
+    /// A group name that cannot name a directory.
+    #[error("group {index}: {why}")]
+    BadGroupName {
+        /// The row.
+        index: usize,
+        /// Why (the store's name rule).
+        why: String,
+    },
+    /// One group's row is wrong.
+    #[error("group `{group}`: {problem}")]
+    Group {
+        /// The group.
+        group: String,
+        /// How.
+        problem: GroupProblem,
+    },
+    /// Two groups claim a layer.
+    #[error("layer {layer} is in two groups: `{first}` and `{second}`")]
+    LayerInTwoGroups {
+        /// The layer.
+        layer: u32,
+        /// The group that had it first.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// No chain group: nothing could ever hit.
+    #[error("no chain group: a hit is a prefix the chain groups hold, so this table could never serve one")]
+    NoChainGroup,
+    /// The file is not a spec table in TOML (the parser's message).
+    #[error("{message}")]
+    Toml {
+        /// The parser's message.
+        message: String,
+    },
+    /// Pipeline stage bounds that cut a unit of layers loaded together.
+    #[error("the row unit of layers {unit:?} is split across pipeline stages at {stage:?}")]
+    StageSplitsUnit {
+        /// The unit's layers.
+        unit: Vec<u32>,
+        /// The stage that holds part of it.
+        stage: std::ops::Range<u32>,
+    },
+    /// Pipeline stage bounds that do not rise strictly inside the model.
+    #[error("pipeline stage bounds {bounds:?} must rise strictly inside 0..{num_layers}")]
+    StageBounds {
+        /// The bounds.
+        bounds: Vec<u32>,
+        /// The model's layers.
+        num_layers: u32,
+    },
+}
+
+/// What is wrong with one group's row ([`SpecError::Group`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum GroupProblem {
+    /// Two rows share the name.
+    #[error("defined twice")]
+    DefinedTwice,
+    /// The layer list is malformed.
+    #[error("{0}")]
+    Layers(LayersError),
+    /// The layer list is empty.
+    #[error("no layers")]
+    NoLayers,
+    /// A layer at or past the model's `num_layers`.
+    #[error("layer {layer} is not below num_layers = {num_layers}")]
+    LayerPastModel {
+        /// The layer.
+        layer: u32,
+        /// The model's layers.
+        num_layers: u32,
+    },
+    /// A size above its bound.
+    #[error("`{field}` = {value} exceeds {max}")]
+    FieldTooLarge {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// A field the group's kind needs is missing.
+    #[error("a {kind:?} group needs `{field}`")]
+    FieldMissing {
+        /// The field.
+        field: &'static str,
+        /// The group's kind.
+        kind: Kind,
+    },
+    /// A size of zero.
+    #[error("`{field}` must be positive")]
+    FieldNotPositive {
+        /// The field.
+        field: &'static str,
+    },
+    /// A field the group's kind does not take.
+    #[error("`{field}` does not apply to a {kind:?} group")]
+    FieldNotApplicable {
+        /// The field.
+        field: &'static str,
+        /// The group's kind.
+        kind: Kind,
+    },
+    /// One layer's block (block_size x bytes_per_token) above its bound.
+    #[error("a block of one layer (block_size x bytes_per_token) exceeds {max} bytes")]
+    LayerBlockTooLarge {
+        /// The bound.
+        max: u64,
+    },
+    /// A snapshot group without `hash_block` in a table without chains.
+    #[error("no chain group to take `hash_block` from; set it")]
+    NoHashBlock,
+    /// A sidecar without `source`.
+    #[error("a sidecar needs `source` (the chain group it follows)")]
+    NoSource,
+    /// A sidecar following a group the table does not have.
+    #[error("follows unknown group `{followed}`")]
+    UnknownSource {
+        /// The name given.
+        followed: String,
+    },
+    /// A sidecar following a group that is not a chain.
+    #[error("follows `{followed}`, a {kind:?} group; a source must be a chain group")]
+    SourceNotChain {
+        /// The group followed.
+        followed: String,
+        /// Its kind.
+        kind: Kind,
+    },
+    /// A sidecar with another access unit than follower.
+    #[error("access unit {unit:?}; sidecars are followers")]
+    SidecarUnit {
+        /// The unit given.
+        unit: AccessUnit,
+    },
+    /// A follower unit on a group that is not a sidecar.
+    #[error("only sidecars are followers")]
+    FollowerNotSidecar,
+    /// Window units on a chain group without a window.
+    #[error("access unit window needs a `window`")]
+    WindowUnitWithoutWindow,
+    /// Window units on a group that is not a chain.
+    #[error("only chain groups have window units")]
+    WindowUnitNotChain,
+}
+
+/// What is wrong with a layer list ([`GroupProblem::Layers`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum LayersError {
+    /// A layer index at or above the bound.
+    #[error("layer {layer}{} is not below {MAX_LAYERS}", in_list(.layers))]
+    TooHigh {
+        /// The index as written.
+        layer: String,
+        /// The list it is in, where written as ranges.
+        layers: Option<String>,
+    },
+    /// More layers than the bound.
+    #[error("{} more than {MAX_LAYERS} layers", listed(.layers))]
+    TooMany {
+        /// The list, where written as ranges.
+        layers: Option<String>,
+    },
+    /// Text that is not a layer index.
+    #[error("`{text}` in layers \"{layers}\" is not a layer index")]
+    NotAnIndex {
+        /// The text.
+        text: String,
+        /// The list.
+        layers: String,
+    },
+    /// A range whose end precedes its start.
+    #[error("range `{range}` in layers \"{layers}\" is reversed")]
+    Reversed {
+        /// The range.
+        range: String,
+        /// The list.
+        layers: String,
+    },
+}
+
+fn in_list(layers: &Option<String>) -> String {
+    layers
+        .as_ref()
+        .map_or_else(String::new, |l| format!(" in layers \"{l}\""))
+}
+
+fn listed(layers: &Option<String>) -> String {
+    layers.as_ref().map_or_else(
+        || "a list of".to_string(),
+        |l| format!("layers \"{l}\" list"),
+    )
 }
 
 /// What a caller asked that the coordinator cannot do. Each variant

@@ -22,7 +22,9 @@ pub mod retention;
 pub mod spec;
 
 pub use directory::{CheckpointDirectory, CheckpointSource};
-pub use error::{CoordError, MetaProblem, RequestError, Result};
+pub use error::{
+    CoordError, GroupProblem, LayersError, MetaProblem, RequestError, Result, SpecError,
+};
 pub use hash::{Deployment, RequestHashes, RequestKeys};
 pub use identity::{Identity, IdentityRow};
 pub use resolve::{resolve_hit, Checkpoints, Presence, Resolution};

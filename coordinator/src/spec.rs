@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{CoordError, RequestError, Result};
+use crate::error::{CoordError, GroupProblem, LayersError, RequestError, Result, SpecError};
 use crate::identity::{Identity, IdentityRow};
 use ucm_store::paths::{check_name, short};
 
@@ -138,53 +138,50 @@ pub enum Layers {
 }
 
 impl Layers {
-    /// The layer indices, in order, or a message naming the bad part.
-    pub fn expand(&self) -> std::result::Result<Vec<u32>, String> {
+    /// The layer indices, in order, or what is wrong with the list.
+    pub fn expand(&self) -> std::result::Result<Vec<u32>, LayersError> {
         match self {
             Layers::List(v) => match v.iter().find(|&&l| l >= MAX_LAYERS) {
-                Some(l) => Err(format!("layer {l} is not below {MAX_LAYERS}")),
-                None if v.len() > MAX_LAYERS as usize => {
-                    Err(format!("more than {MAX_LAYERS} layers"))
-                }
+                Some(&layer) => Err(LayersError::TooHigh {
+                    layer: layer.to_string(),
+                    layers: None,
+                }),
+                None if v.len() > MAX_LAYERS as usize => Err(LayersError::TooMany { layers: None }),
                 None => Ok(v.clone()),
             },
             Layers::Ranges(s) => {
+                let whole = || Some(short(s));
                 let mut out = Vec::new();
                 for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                     let num = |t: &str| {
                         let t = t.trim();
                         match t.parse::<u32>() {
                             Ok(v) if v < MAX_LAYERS => Ok(v),
-                            Ok(_) => Err(format!(
-                                "layer {t} in layers \"{}\" is not below {MAX_LAYERS}",
-                                short(s)
-                            )),
-                            Err(_) => Err(format!(
-                                "`{}` in layers \"{}\" is not a layer index",
-                                short(t),
-                                short(s)
-                            )),
+                            Ok(_) => Err(LayersError::TooHigh {
+                                layer: t.to_string(),
+                                layers: whole(),
+                            }),
+                            Err(_) => Err(LayersError::NotAnIndex {
+                                text: short(t),
+                                layers: short(s),
+                            }),
                         }
                     };
                     match part.split_once('-') {
                         Some((a, b)) => {
                             let (a, b) = (num(a)?, num(b)?);
                             if b < a {
-                                return Err(format!(
-                                    "range `{}` in layers \"{}\" is reversed",
-                                    short(part),
-                                    short(s)
-                                ));
+                                return Err(LayersError::Reversed {
+                                    range: short(part),
+                                    layers: short(s),
+                                });
                             }
                             out.extend(a..=b);
                         }
                         None => out.push(num(part)?),
                     }
                     if out.len() > MAX_LAYERS as usize {
-                        return Err(format!(
-                            "layers \"{}\" list more than {MAX_LAYERS}",
-                            short(s)
-                        ));
+                        return Err(LayersError::TooMany { layers: whole() });
                     }
                 }
                 Ok(out)
@@ -360,25 +357,7 @@ impl SpecTable {
         sparse_info: String,
         rows: Vec<GroupRow>,
     ) -> Result<Self> {
-        let err = |m: String| Err(CoordError::Spec(m));
-        if model.is_empty() {
-            return err("the model name is empty".into());
-        }
-        if rows.is_empty() {
-            return err("no groups".into());
-        }
-        if num_layers.is_some_and(|n| n > MAX_LAYERS) {
-            return err(format!("num_layers must not exceed {MAX_LAYERS}"));
-        }
-        let mut by_name = HashMap::new();
-        for (i, r) in rows.iter().enumerate() {
-            // A group name becomes a directory of the store: a plain name.
-            check_name("group name", &r.name)
-                .map_err(|m| CoordError::Spec(format!("group {i}: {m}")))?;
-            if by_name.insert(r.name.clone(), i).is_some() {
-                return err(format!("group `{}` is defined twice", r.name));
-            }
-        }
+        let by_name = check_rows(model, num_layers, &rows)?;
         let min_chain = rows
             .iter()
             .filter(|r| r.kind == Kind::Chain)
@@ -388,215 +367,37 @@ impl SpecTable {
         let mut owner: BTreeMap<u32, String> = BTreeMap::new();
         let mut groups = Vec::new();
         for (index, r) in rows.iter().enumerate() {
-            let g = &r.name;
-            let layers = r
-                .layers
-                .expand()
-                .map_err(|m| CoordError::Spec(format!("group `{g}`: {m}")))?;
-            if layers.is_empty() {
-                return err(format!("group `{g}` has no layers"));
-            }
-            for &l in &layers {
-                if let Some(n) = num_layers {
-                    if l >= n {
-                        return err(format!(
-                            "group `{g}`: layer {l} is not below num_layers = {n}"
-                        ));
-                    }
-                }
-                if let Some(other) = owner.insert(l, g.clone()) {
-                    return err(format!("layer {l} is in two groups: `{other}` and `{g}`"));
-                }
-            }
-            let mut layers = layers;
-            layers.sort_unstable();
-            let positive = |field: &str, v: Option<u64>| -> Result<u64> {
-                let max = match field {
-                    "block_size" | "grid" => MAX_BLOCK_TOKENS,
-                    "bytes_per_token" => MAX_BYTES_PER_TOKEN,
-                    "state_bytes" => MAX_STATE_BYTES,
-                    _ => u64::MAX,
-                };
-                if let Some(x) = v.filter(|&x| x > max) {
-                    return Err(CoordError::Spec(format!(
-                        "group `{g}`: `{field}` = {x} exceeds {max}"
-                    )));
-                }
-                match v {
-                    None => Err(CoordError::Spec(format!(
-                        "group `{g}` ({:?}) needs `{field}`",
-                        r.kind
-                    ))),
-                    Some(0) => Err(CoordError::Spec(format!(
-                        "group `{g}`: `{field}` must be positive"
-                    ))),
-                    Some(x) => Ok(x),
-                }
+            let in_group = |problem| {
+                spec_err(SpecError::Group {
+                    group: r.name.clone(),
+                    problem,
+                })
             };
-            let absent = |field: &str, present: bool| -> Result<()> {
-                if present {
-                    Err(CoordError::Spec(format!(
-                        "group `{g}`: `{field}` does not apply to a {:?} group",
-                        r.kind
-                    )))
-                } else {
-                    Ok(())
-                }
-            };
-            if r.kind != Kind::Sidecar {
-                absent("source", r.source.is_some())?;
-            }
-            if r.kind != Kind::Snapshot {
-                absent("grid", r.grid.is_some())?;
-                absent("hash_block", r.hash_block.is_some())?;
-                absent("state_bytes", r.state_bytes.is_some())?;
-                absent("retention", r.retention.is_some())?;
-            }
-            if r.kind != Kind::Chain {
-                absent("block_size", r.block_size.is_some())?;
-                absent("window", r.window.is_some())?;
-            }
-            let (block, hash_block, unit_bytes, window, source) = match r.kind {
-                Kind::Chain => {
-                    let bs = positive("block_size", r.block_size)?;
-                    let window = match r.window {
-                        Some(0) => return err(format!("group `{g}`: the window must be positive")),
-                        Some(w) if w > MAX_SPAN_TOKENS => {
-                            return err(format!(
-                                "group `{g}`: the window exceeds {MAX_SPAN_TOKENS}"
-                            ))
-                        }
-                        w => w,
-                    };
-                    (
-                        bs,
-                        bs,
-                        positive("bytes_per_token", r.bytes_per_token)?,
-                        window,
-                        None,
-                    )
-                }
-                Kind::Snapshot => {
-                    absent("bytes_per_token", r.bytes_per_token.is_some())?;
-                    let grid = positive("grid", r.grid)?;
-                    let hb = match (r.hash_block, min_chain) {
-                        (Some(0), _) => {
-                            return err(format!("group `{g}`: `hash_block` must be positive"))
-                        }
-                        (Some(h), _) if h > MAX_BLOCK_TOKENS => {
-                            return err(format!(
-                                "group `{g}`: `hash_block` exceeds {MAX_BLOCK_TOKENS}"
-                            ))
-                        }
-                        (Some(h), _) | (None, Some(h)) => h,
-                        (None, None) => {
-                            return err(format!(
-                                "group `{g}`: no chain group to take `hash_block` from; set it"
-                            ))
-                        }
-                    };
-                    (
-                        grid,
-                        hb,
-                        positive("state_bytes", r.state_bytes)?,
-                        None,
-                        None,
-                    )
-                }
-                Kind::Sidecar => {
-                    absent("rank_rule", r.rank_rule.is_some())?;
-                    let Some(src) = &r.source else {
-                        return err(format!(
-                            "sidecar `{g}` needs `source` (the chain group it follows)"
-                        ));
-                    };
-                    let Some(&si) = by_name.get(src) else {
-                        return err(format!("sidecar `{g}` follows unknown group `{src}`"));
-                    };
-                    if rows[si].kind != Kind::Chain {
-                        return err(format!(
-                            "sidecar `{g}` follows `{src}`, a {:?} group; a source must be a chain group",
-                            rows[si].kind
-                        ));
-                    }
-                    (
-                        0,
-                        0,
-                        positive("bytes_per_token", r.bytes_per_token)?,
-                        None,
-                        Some(si),
-                    )
-                }
-                Kind::None => (0, 0, r.bytes_per_token.unwrap_or(0), None, None),
-            };
-            let rank_rule = match source {
+            let layers = group_layers(r, num_layers, &mut owner)?;
+            let shape = group_shape(r, &rows, &by_name, min_chain).map_err(in_group)?;
+            let rank_rule = match shape.source {
                 Some(si) => rows[si].rank_rule.unwrap_or_default(),
                 None => r.rank_rule.unwrap_or_default(),
             };
-            let access_unit = match (r.kind, r.access_unit) {
-                (Kind::Sidecar, None | Some(AccessUnit::Follower)) => AccessUnit::Follower,
-                (Kind::Sidecar, Some(u)) => {
-                    return err(format!(
-                        "sidecar `{g}`: access unit {u:?}; sidecars are followers"
-                    ))
-                }
-                (_, Some(AccessUnit::Follower)) => {
-                    return err(format!("group `{g}`: only sidecars are followers"))
-                }
-                (Kind::Chain, None) if window.is_some() => AccessUnit::Window,
-                (Kind::Chain, Some(AccessUnit::Window)) if window.is_none() => {
-                    return err(format!("group `{g}`: access unit window needs a `window`"))
-                }
-                (k, Some(AccessUnit::Window)) if k != Kind::Chain => {
-                    return err(format!("group `{g}`: only chain groups have window units"))
-                }
-                (_, u) => u.unwrap_or_default(),
-            };
-            let retention = match r.kind {
-                Kind::Snapshot => {
-                    let p = r.retention.clone().unwrap_or_default();
-                    if p.interval == Some(0) {
-                        return err(format!("group `{g}`: retention interval must be positive"));
-                    }
-                    if p.interval.is_some_and(|i| i > MAX_SPAN_TOKENS) {
-                        return err(format!(
-                            "group `{g}`: retention interval exceeds {MAX_SPAN_TOKENS}"
-                        ));
-                    }
-                    Some(p)
-                }
-                _ => None,
-            };
-            if r.kind == Kind::Chain
-                && unit_bytes
-                    .checked_mul(block)
-                    .is_none_or(|b| b > MAX_LAYER_BLOCK_BYTES)
-            {
-                return err(format!(
-                    "group `{g}`: a block of one layer (block_size x bytes_per_token) exceeds {MAX_LAYER_BLOCK_BYTES} bytes"
-                ));
-            }
+            let access_unit = access_unit_of(r, shape.window).map_err(in_group)?;
+            let retention = retention_of(r).map_err(in_group)?;
             groups.push(Group {
                 index,
-                name: g.clone(),
+                name: r.name.clone(),
                 kind: r.kind,
-                source,
-                block,
-                hash_block,
+                source: shape.source,
+                block: shape.block,
+                hash_block: shape.hash_block,
                 layers,
-                unit_bytes,
-                window,
+                unit_bytes: shape.unit_bytes,
+                window: shape.window,
                 rank_rule,
                 retention,
                 access_unit,
             });
         }
         if !groups.iter().any(|g| g.kind == Kind::Chain) {
-            return err(
-                "no chain group: a hit is a prefix the chain groups hold, so this table could \
-                 never serve one"
-                    .into(),
-            );
+            return Err(spec_err(SpecError::NoChainGroup));
         }
         Ok(SpecTable {
             model: model.to_string(),
@@ -625,7 +426,11 @@ impl SpecTable {
 
     /// Parses and validates a TOML spec.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let f: SpecFile = toml::from_str(text).map_err(|e| CoordError::Spec(e.to_string()))?;
+        let f: SpecFile = toml::from_str(text).map_err(|e| {
+            spec_err(SpecError::Toml {
+                message: e.to_string(),
+            })
+        })?;
         let _ = f.note;
         let t = Self::build(
             &f.model,
@@ -781,4 +586,281 @@ pub fn gcd(a: u64, b: u64) -> u64 {
 /// Least common multiple (saturating).
 pub fn lcm(a: u64, b: u64) -> u64 {
     (a / gcd(a, b)).saturating_mul(b)
+}
+
+/// A spec table error as the coordinator's error.
+fn spec_err(e: SpecError) -> CoordError {
+    CoordError::Spec(e)
+}
+
+/// Table-wide checks of the rows: a model name, at least one group, a
+/// bounded layer count, plain and unique group names. The names' indices.
+fn check_rows(
+    model: &str,
+    num_layers: Option<u32>,
+    rows: &[GroupRow],
+) -> Result<HashMap<String, usize>> {
+    if model.is_empty() {
+        return Err(spec_err(SpecError::EmptyModel));
+    }
+    if rows.is_empty() {
+        return Err(spec_err(SpecError::NoGroups));
+    }
+    if num_layers.is_some_and(|n| n > MAX_LAYERS) {
+        return Err(spec_err(SpecError::TooManyLayers { max: MAX_LAYERS }));
+    }
+    let mut by_name = HashMap::new();
+    for (index, r) in rows.iter().enumerate() {
+        // A group name becomes a directory of the store: a plain name.
+        check_name("group name", &r.name)
+            .map_err(|why| spec_err(SpecError::BadGroupName { index, why }))?;
+        if by_name.insert(r.name.clone(), index).is_some() {
+            return Err(spec_err(SpecError::Group {
+                group: r.name.clone(),
+                problem: GroupProblem::DefinedTwice,
+            }));
+        }
+    }
+    Ok(by_name)
+}
+
+/// A group's layers, sorted: each below `num_layers` and in no other
+/// group (`owner` records whose each layer is).
+fn group_layers(
+    r: &GroupRow,
+    num_layers: Option<u32>,
+    owner: &mut BTreeMap<u32, String>,
+) -> Result<Vec<u32>> {
+    let g = &r.name;
+    let in_group = |problem| {
+        spec_err(SpecError::Group {
+            group: g.clone(),
+            problem,
+        })
+    };
+    let mut layers = r
+        .layers
+        .expand()
+        .map_err(|e| in_group(GroupProblem::Layers(e)))?;
+    if layers.is_empty() {
+        return Err(in_group(GroupProblem::NoLayers));
+    }
+    for &l in &layers {
+        if let Some(n) = num_layers.filter(|&n| l >= n) {
+            return Err(in_group(GroupProblem::LayerPastModel {
+                layer: l,
+                num_layers: n,
+            }));
+        }
+        if let Some(other) = owner.insert(l, g.clone()) {
+            return Err(spec_err(SpecError::LayerInTwoGroups {
+                layer: l,
+                first: other,
+                second: g.clone(),
+            }));
+        }
+    }
+    layers.sort_unstable();
+    Ok(layers)
+}
+
+/// What a group's kind makes of its row's sizes.
+struct Shape {
+    block: u64,
+    hash_block: u64,
+    unit_bytes: u64,
+    window: Option<u64>,
+    source: Option<usize>,
+}
+
+/// The largest value a size field may take.
+fn field_max(field: &'static str) -> u64 {
+    match field {
+        "block_size" | "grid" => MAX_BLOCK_TOKENS,
+        "bytes_per_token" => MAX_BYTES_PER_TOKEN,
+        "state_bytes" => MAX_STATE_BYTES,
+        _ => u64::MAX,
+    }
+}
+
+/// A size field the group's kind needs: present, positive, bounded.
+fn positive(r: &GroupRow, field: &'static str, v: Option<u64>) -> ProblemOr<u64> {
+    let max = field_max(field);
+    match v {
+        Some(x) if x > max => Err(GroupProblem::FieldTooLarge {
+            field,
+            value: x,
+            max,
+        }),
+        None => Err(GroupProblem::FieldMissing {
+            field,
+            kind: r.kind,
+        }),
+        Some(0) => Err(GroupProblem::FieldNotPositive { field }),
+        Some(x) => Ok(x),
+    }
+}
+
+/// A field the group's kind does not take: absent.
+fn absent(r: &GroupRow, field: &'static str, present: bool) -> ProblemOr<()> {
+    if present {
+        Err(GroupProblem::FieldNotApplicable {
+            field,
+            kind: r.kind,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+type ProblemOr<T> = std::result::Result<T, GroupProblem>;
+
+/// The block, hash block, bytes per unit, window and source a row's kind
+/// gives it; every field its kind does not take absent.
+fn group_shape(
+    r: &GroupRow,
+    rows: &[GroupRow],
+    by_name: &HashMap<String, usize>,
+    min_chain: Option<u64>,
+) -> ProblemOr<Shape> {
+    if r.kind != Kind::Sidecar {
+        absent(r, "source", r.source.is_some())?;
+    }
+    if r.kind != Kind::Snapshot {
+        absent(r, "grid", r.grid.is_some())?;
+        absent(r, "hash_block", r.hash_block.is_some())?;
+        absent(r, "state_bytes", r.state_bytes.is_some())?;
+        absent(r, "retention", r.retention.is_some())?;
+    }
+    if r.kind != Kind::Chain {
+        absent(r, "block_size", r.block_size.is_some())?;
+        absent(r, "window", r.window.is_some())?;
+    }
+    let shape = match r.kind {
+        Kind::Chain => {
+            let block = positive(r, "block_size", r.block_size)?;
+            let window = match r.window {
+                Some(0) => return Err(GroupProblem::FieldNotPositive { field: "window" }),
+                Some(w) if w > MAX_SPAN_TOKENS => {
+                    return Err(GroupProblem::FieldTooLarge {
+                        field: "window",
+                        value: w,
+                        max: MAX_SPAN_TOKENS,
+                    })
+                }
+                w => w,
+            };
+            let unit_bytes = positive(r, "bytes_per_token", r.bytes_per_token)?;
+            if unit_bytes
+                .checked_mul(block)
+                .is_none_or(|b| b > MAX_LAYER_BLOCK_BYTES)
+            {
+                return Err(GroupProblem::LayerBlockTooLarge {
+                    max: MAX_LAYER_BLOCK_BYTES,
+                });
+            }
+            Shape {
+                block,
+                hash_block: block,
+                unit_bytes,
+                window,
+                source: None,
+            }
+        }
+        Kind::Snapshot => {
+            absent(r, "bytes_per_token", r.bytes_per_token.is_some())?;
+            let grid = positive(r, "grid", r.grid)?;
+            let hash_block = match (r.hash_block, min_chain) {
+                (Some(0), _) => {
+                    return Err(GroupProblem::FieldNotPositive {
+                        field: "hash_block",
+                    })
+                }
+                (Some(h), _) if h > MAX_BLOCK_TOKENS => {
+                    return Err(GroupProblem::FieldTooLarge {
+                        field: "hash_block",
+                        value: h,
+                        max: MAX_BLOCK_TOKENS,
+                    })
+                }
+                (Some(h), _) | (None, Some(h)) => h,
+                (None, None) => return Err(GroupProblem::NoHashBlock),
+            };
+            Shape {
+                block: grid,
+                hash_block,
+                unit_bytes: positive(r, "state_bytes", r.state_bytes)?,
+                window: None,
+                source: None,
+            }
+        }
+        Kind::Sidecar => {
+            absent(r, "rank_rule", r.rank_rule.is_some())?;
+            let Some(src) = &r.source else {
+                return Err(GroupProblem::NoSource);
+            };
+            let Some(&si) = by_name.get(src) else {
+                return Err(GroupProblem::UnknownSource {
+                    followed: src.clone(),
+                });
+            };
+            if rows[si].kind != Kind::Chain {
+                return Err(GroupProblem::SourceNotChain {
+                    followed: src.clone(),
+                    kind: rows[si].kind,
+                });
+            }
+            Shape {
+                block: 0,
+                hash_block: 0,
+                unit_bytes: positive(r, "bytes_per_token", r.bytes_per_token)?,
+                window: None,
+                source: Some(si),
+            }
+        }
+        Kind::None => Shape {
+            block: 0,
+            hash_block: 0,
+            unit_bytes: r.bytes_per_token.unwrap_or(0),
+            window: None,
+            source: None,
+        },
+    };
+    Ok(shape)
+}
+
+/// The group's access unit: sidecars follow, windowed chains default to
+/// window units, only chains have windows.
+fn access_unit_of(r: &GroupRow, window: Option<u64>) -> ProblemOr<AccessUnit> {
+    match (r.kind, r.access_unit) {
+        (Kind::Sidecar, None | Some(AccessUnit::Follower)) => Ok(AccessUnit::Follower),
+        (Kind::Sidecar, Some(unit)) => Err(GroupProblem::SidecarUnit { unit }),
+        (_, Some(AccessUnit::Follower)) => Err(GroupProblem::FollowerNotSidecar),
+        (Kind::Chain, None) if window.is_some() => Ok(AccessUnit::Window),
+        (Kind::Chain, Some(AccessUnit::Window)) if window.is_none() => {
+            Err(GroupProblem::WindowUnitWithoutWindow)
+        }
+        (k, Some(AccessUnit::Window)) if k != Kind::Chain => Err(GroupProblem::WindowUnitNotChain),
+        (_, u) => Ok(u.unwrap_or_default()),
+    }
+}
+
+/// A snapshot group's retention (others have none): a positive, bounded
+/// interval where one is set.
+fn retention_of(r: &GroupRow) -> ProblemOr<Option<RetentionPolicy>> {
+    if r.kind != Kind::Snapshot {
+        return Ok(None);
+    }
+    let p = r.retention.clone().unwrap_or_default();
+    match p.interval {
+        Some(0) => Err(GroupProblem::FieldNotPositive {
+            field: "retention interval",
+        }),
+        Some(i) if i > MAX_SPAN_TOKENS => Err(GroupProblem::FieldTooLarge {
+            field: "retention interval",
+            value: i,
+            max: MAX_SPAN_TOKENS,
+        }),
+        _ => Ok(Some(p)),
+    }
 }

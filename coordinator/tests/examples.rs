@@ -10,8 +10,8 @@ use ucm_coordinator::retention::{
     SpeculativeBudget, MAX_LEVEL,
 };
 use ucm_coordinator::{
-    resolve_hit, CheckpointDirectory, CoordError, Deployment, RequestError, RequestHashes,
-    RequestKeys, SpecTable,
+    resolve_hit, CheckpointDirectory, CoordError, Deployment, GroupProblem, RequestError,
+    RequestHashes, RequestKeys, SpecError, SpecTable,
 };
 
 const DEP: Deployment = Deployment { tp_size: 8 };
@@ -452,7 +452,7 @@ fn spec_validation_messages() {
         ),
         (
             "[[group]]\nname = \"w\"\nkind = \"chain\"\nblock_size = 16\nwindow = 0\nlayers = \"9\"\nbytes_per_token = 8\n",
-            "the window must be positive",
+            "group `w`: `window` must be positive",
         ),
         (
             "[[group]]\nname = \"s\"\nkind = \"snapshot\"\nlayers = \"9\"\nstate_bytes = 8\n",
@@ -460,11 +460,11 @@ fn spec_validation_messages() {
         ),
         (
             "[[group]]\nname = \"s\"\nkind = \"snapshot\"\ngrid = 16\nlayers = \"9\"\nstate_bytes = 8\nretention = { interval = 0 }\n",
-            "retention interval must be positive",
+            "`retention interval` must be positive",
         ),
         (
             "[[group]]\nname = \"a\"\nkind = \"none\"\nlayers = \"9\"\n",
-            "group `a` is defined twice",
+            "group `a`: defined twice",
         ),
         (
             "[[group]]\nname = \"x\"\nkind = \"none\"\nlayers = \"9\"\nwindow = 4\n",
@@ -488,6 +488,21 @@ fn spec_validation_messages() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("not below num_layers"), "{e}");
+    // The cases are typed: a caller matches the group and the problem.
+    let e = SpecTable::from_toml(&base(&format!(
+        "{chain}[[group]]\nname = \"s\"\nkind = \"sidecar\"\nsource = \"ghost\"\nlayers = \"4\"\nbytes_per_token = 8\n"
+    )))
+    .unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            CoordError::Spec(SpecError::Group {
+                group,
+                problem: GroupProblem::UnknownSource { followed },
+            }) if group == "s" && followed == "ghost"
+        ),
+        "{e:?}"
+    );
     let e = SpecTable::from_toml(
         "model = \"m\"\n[[group]]\nname = \"a\"\nkind = \"chian\"\nlayers = \"0\"\n",
     )

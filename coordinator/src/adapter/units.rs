@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::error::{CoordError, Result};
+use crate::error::{CoordError, Result, SpecError};
 use crate::spec::{AccessUnit, Kind, SpecTable};
 
 /// One access unit.
@@ -124,10 +124,10 @@ impl UnitMap {
             if inside == u.layers.len() {
                 out.push(u);
             } else if inside > 0 {
-                return Err(CoordError::Spec(format!(
-                    "the row unit of layers {:?} is split across pipeline stages at {layers:?}",
-                    u.layers
-                )));
+                return Err(CoordError::Spec(SpecError::StageSplitsUnit {
+                    unit: u.layers.clone(),
+                    stage: layers,
+                }));
             }
         }
         Ok(out)
@@ -141,9 +141,10 @@ pub fn partition(bounds: &[u32], num_layers: u32) -> Result<Vec<Range<u32>>> {
     let mut start = 0;
     for &b in bounds.iter().chain(std::iter::once(&num_layers)) {
         if b <= start && !(b == num_layers && start == num_layers && out.is_empty()) {
-            return Err(CoordError::Spec(format!(
-                "pipeline stage bounds {bounds:?} must rise strictly inside 0..{num_layers}"
-            )));
+            return Err(CoordError::Spec(SpecError::StageBounds {
+                bounds: bounds.to_vec(),
+                num_layers,
+            }));
         }
         out.push(start..b);
         start = b;
