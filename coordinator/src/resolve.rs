@@ -126,12 +126,30 @@ fn resolve(
     checkpoints: &dyn Checkpoints,
     votes: bool,
 ) -> Result<Resolution> {
+    let n = check_request(spec, tokens, hashes)?;
+    let views = chain_views(spec, hashes, presence, n)?;
+    let l = chain_prefix(spec, &views, n);
+    let probe = CheckpointProbe {
+        tokens,
+        hashes,
+        checkpoints,
+    };
+    let p_star = deepest_servable(spec, &views, &probe, l)?;
+    let mut groups = Vec::new();
+    for g in spec.groups().iter().filter(|_| votes) {
+        groups.push((g.name.clone(), group_vote(spec, g, &views, &probe, n, l)?));
+    }
+    Ok(Resolution { l, p_star, groups })
+}
+
+/// The prompt's length, once the request can be resolved at all: a
+/// prompt of at least one chain-grid block, hashed for this table.
+fn check_request(spec: &SpecTable, tokens: &[u32], hashes: &RequestHashes) -> Result<u64> {
     let n = tokens.len() as u64;
     if n == 0 {
         return Err(CoordError::BadRequest(RequestError::EmptyPrompt));
     }
     let gc = spec.chain_grid();
-    let grid = spec.common_grid();
     if n < gc {
         return Err(CoordError::BadRequest(
             RequestError::PromptShorterThanGrid {
@@ -143,13 +161,22 @@ fn resolve(
     if hashes.chains.len() != spec.groups().len() {
         return Err(CoordError::BadRequest(RequestError::ForeignHashes));
     }
-    // Chain views: one lookup per rank per group.
+    Ok(n)
+}
+
+/// Each chain group's presence of its `n`-token prompt's blocks: one
+/// lookup per rank (a prefix lookup without a window), intersected.
+fn chain_views<'a>(
+    spec: &'a SpecTable,
+    hashes: &RequestHashes,
+    presence: &dyn Presence,
+    n: u64,
+) -> Result<Vec<ChainView<'a>>> {
     let mut views = Vec::new();
     for g in spec.chain_groups() {
-        let ranks = &hashes.chains[g.index];
         let blocks = (n / g.block) as usize;
         let mut present = vec![true; blocks];
-        for ids in ranks {
+        for ids in &hashes.chains[g.index] {
             if ids.len() < blocks {
                 return Err(CoordError::BadRequest(RequestError::IdCount {
                     group: g.name.clone(),
@@ -178,119 +205,149 @@ fn resolve(
             missing_before,
         });
     }
-    // l: the largest chain-grid position every chain group serves.
-    let top = n / gc * gc;
-    let l = (0..=top / gc)
+    Ok(views)
+}
+
+/// `l`: the largest chain-grid position every chain group serves.
+fn chain_prefix(spec: &SpecTable, views: &[ChainView<'_>], n: u64) -> u64 {
+    let gc = spec.chain_grid();
+    (0..=n / gc)
         .rev()
         .map(|k| k * gc)
         .find(|&x| views.iter().all(|v| v.serves(x)))
-        .unwrap_or(0);
-    // p*: the largest servable common-grid position <= l.
-    let snaps: Vec<&Group> = spec.snapshot_groups().collect();
-    let has_checkpoint = |s: &Group, p: u64| -> Result<bool> {
-        for (r, ids) in hashes.chains[s.index].iter().enumerate() {
-            let h = checkpoint_hash(&hashes.seeds[s.index][r], ids, tokens, s.hash_block, p)?;
-            if !checkpoints.has(s, p, &h) {
+        .unwrap_or(0)
+}
+
+/// Whether a snapshot group holds the checkpoint of a request's prefix.
+struct CheckpointProbe<'a> {
+    tokens: &'a [u32],
+    hashes: &'a RequestHashes,
+    checkpoints: &'a dyn Checkpoints,
+}
+
+impl CheckpointProbe<'_> {
+    /// Every rank's checkpoint of `s` at `p`, under the prefix's hash.
+    fn has(&self, s: &Group, p: u64) -> Result<bool> {
+        let h = self.hashes;
+        for (r, ids) in h.chains[s.index].iter().enumerate() {
+            let key = checkpoint_hash(&h.seeds[s.index][r], ids, self.tokens, s.hash_block, p)?;
+            if !self.checkpoints.has(s, p, &key) {
                 return Ok(false);
             }
         }
         Ok(true)
-    };
-    let mut p_star = 0;
+    }
+}
+
+/// `p*`: the largest common-grid position `<= l` that every chain group
+/// serves and every snapshot group holds a checkpoint at; 0 if none.
+fn deepest_servable(
+    spec: &SpecTable,
+    views: &[ChainView<'_>],
+    probe: &CheckpointProbe<'_>,
+    l: u64,
+) -> Result<u64> {
+    let grid = spec.common_grid();
+    let snaps: Vec<&Group> = spec.snapshot_groups().collect();
     for p in (1..=l / grid).rev().map(|k| k * grid) {
         if !views.iter().all(|v| v.serves(p)) {
             continue;
         }
         let mut all = true;
         for s in &snaps {
-            if !has_checkpoint(s, p)? {
+            if !probe.has(s, p)? {
                 all = false;
                 break;
             }
         }
         if all {
-            p_star = p;
-            break;
+            return Ok(p);
         }
     }
-    // Votes, for explanation.
-    let mut groups = Vec::new();
-    for g in spec.groups().iter().filter(|_| votes) {
-        let vote = match g.kind {
-            Kind::Chain => {
-                let v = views
-                    .iter()
-                    .find(|v| v.group.index == g.index)
-                    .ok_or_else(|| {
-                        CoordError::BadRequest(RequestError::NoView {
-                            group: g.name.clone(),
-                        })
-                    })?;
-                match g.window {
-                    None => {
-                        let h = v.held_prefix();
-                        GroupVote {
-                            vote: Some(h),
-                            reason: format!(
-                                "holds the prefix [0, {h}) in whole blocks of {}{}",
-                                g.block,
-                                rank_note(g)
-                            ),
-                        }
-                    }
-                    Some(w) => {
-                        let top = n / g.block * g.block;
-                        let x = (0..=top / g.block)
-                            .rev()
-                            .map(|k| k * g.block)
-                            .find(|&x| v.serves(x))
-                            .unwrap_or(0);
-                        GroupVote {
-                            vote: Some(x),
-                            reason: format!(
-                                "window of {w}: holds [{}, {x}), the window before {x}{}",
-                                x.saturating_sub(w),
-                                rank_note(g)
-                            ),
-                        }
-                    }
-                }
-            }
-            Kind::Snapshot => {
-                let mut deepest = None;
-                for p in (1..=l / g.block).rev().map(|k| k * g.block) {
-                    if has_checkpoint(g, p)? {
-                        deepest = Some(p);
-                        break;
-                    }
-                }
-                GroupVote {
-                    vote: deepest,
-                    reason: match deepest {
-                        Some(p) => format!(
-                            "deepest checkpoint <= l = {l} with a matching prefix hash: {p}"
+    Ok(0)
+}
+
+/// What group `g` would serve on its own, and why (for explanation).
+fn group_vote(
+    spec: &SpecTable,
+    g: &Group,
+    views: &[ChainView<'_>],
+    probe: &CheckpointProbe<'_>,
+    n: u64,
+    l: u64,
+) -> Result<GroupVote> {
+    Ok(match g.kind {
+        Kind::Chain => {
+            let v = views
+                .iter()
+                .find(|v| v.group.index == g.index)
+                .ok_or_else(|| {
+                    CoordError::BadRequest(RequestError::NoView {
+                        group: g.name.clone(),
+                    })
+                })?;
+            match g.window {
+                None => {
+                    let h = v.held_prefix();
+                    GroupVote {
+                        vote: Some(h),
+                        reason: format!(
+                            "holds the prefix [0, {h}) in whole blocks of {}{}",
+                            g.block,
+                            rank_note(g)
                         ),
-                        None => format!("no checkpoint <= l = {l} with a matching prefix hash"),
-                    },
+                    }
+                }
+                Some(w) => {
+                    let top = n / g.block * g.block;
+                    let x = (0..=top / g.block)
+                        .rev()
+                        .map(|k| k * g.block)
+                        .find(|&x| v.serves(x))
+                        .unwrap_or(0);
+                    GroupVote {
+                        vote: Some(x),
+                        reason: format!(
+                            "window of {w}: holds [{}, {x}), the window before {x}{}",
+                            x.saturating_sub(w),
+                            rank_note(g)
+                        ),
+                    }
                 }
             }
-            Kind::Sidecar => GroupVote {
-                vote: None,
-                reason: format!(
-                    "sidecar of `{}`: follows it, never votes",
-                    g.source
-                        .map(|s| spec.groups()[s].name.as_str())
-                        .unwrap_or("?")
-                ),
-            },
-            Kind::None => GroupVote {
-                vote: None,
-                reason: "never cached".into(),
-            },
-        };
-        groups.push((g.name.clone(), vote));
-    }
-    Ok(Resolution { l, p_star, groups })
+        }
+        Kind::Snapshot => {
+            let mut deepest = None;
+            for p in (1..=l / g.block).rev().map(|k| k * g.block) {
+                if probe.has(g, p)? {
+                    deepest = Some(p);
+                    break;
+                }
+            }
+            GroupVote {
+                vote: deepest,
+                reason: match deepest {
+                    Some(p) => {
+                        format!("deepest checkpoint <= l = {l} with a matching prefix hash: {p}")
+                    }
+                    None => format!("no checkpoint <= l = {l} with a matching prefix hash"),
+                },
+            }
+        }
+        Kind::Sidecar => GroupVote {
+            vote: None,
+            reason: format!(
+                "sidecar of `{}`: follows it, never votes",
+                g.source
+                    .map(|s| spec.groups()[s].name.as_str())
+                    .unwrap_or("?")
+            ),
+        },
+        Kind::None => GroupVote {
+            vote: None,
+            reason: "never cached".into(),
+        },
+    })
 }
 
 fn rank_note(g: &Group) -> &'static str {
