@@ -35,6 +35,7 @@ pub mod driver;
 pub mod io;
 pub mod layout;
 pub mod oracle;
+pub mod scratch;
 
 pub use driver::{
     Engine, EngineConfig, HarnessError, LostSave, Outcome, Request, StepTiming, WrongHit, WrongKind,

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{SimConfig, SimMode, SimPoint, SweepKind};
-use crate::replay::trace::TraceSummary;
+use crate::trace::TraceSummary;
 
 /// The whole report.
 #[derive(Clone, Debug, Serialize)]

@@ -3,7 +3,7 @@
 //! The limit is md5 over messages already laid out in memory (a 16-byte
 //! parent followed by the block's token bytes), one digest per message: what
 //! a hasher could do with no encoding work at all. The measured path is
-//! [`chain_ids`](crate::coordinator::hash::chain_ids) over the same tokens,
+//! [`chain_ids`](ucm_coordinator::hash::chain_ids) over the same tokens,
 //! which also encodes the tokens and chains the parents. Goal: ratio >= 0.9
 //! on 128-token blocks, on the medians of interleaved rounds.
 
@@ -13,7 +13,7 @@ use md5::{Digest, Md5};
 use serde::Serialize;
 
 use super::Spread;
-use crate::coordinator::hash::{chain_ids, Id, RequestKeys};
+use ucm_coordinator::hash::{chain_ids, Id, RequestKeys};
 
 /// One result.
 #[derive(Clone, Debug, Serialize)]
@@ -98,7 +98,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::round_to;
+    use crate::round_to;
 
     #[test]
     fn a_small_run_reports_medians_and_spreads() {

@@ -13,10 +13,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::coordinator::hash::Id;
+use ucm_coordinator::hash::Id;
 #[allow(unused_imports)] // named in docs
-use crate::coordinator::retention::SpeculativeBudget;
-use crate::coordinator::retention::MAX_LEVEL;
+use ucm_coordinator::retention::SpeculativeBudget;
+use ucm_coordinator::retention::MAX_LEVEL;
 
 /// One cached unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,7 +155,7 @@ impl ByteLru {
 }
 
 /// A byte-bounded cache of two priorities (retention's
-/// [`Priority`](crate::coordinator::retention::Priority)): sure units
+/// [`Priority`](ucm_coordinator::retention::Priority)): sure units
 /// (K/V blocks, sure checkpoints) and speculative checkpoints by level,
 /// Once the bytes held pass the capacity, it evicts down to the low
 /// watermark: while speculative units hold more than their share of the

@@ -42,9 +42,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::trace::{output_tokens, prompt_tokens, TraceRequest};
-use crate::coordinator::ceiling::HitCeiling;
-use crate::coordinator::{CoordError, Deployment, RequestHashes, RequestKeys};
 use tiers::Loaded;
+use ucm_coordinator::ceiling::HitCeiling;
+use ucm_coordinator::{CoordError, Deployment, RequestHashes, RequestKeys};
 use units::Model;
 
 /// The modes of the capacity-only replay.

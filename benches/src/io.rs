@@ -599,7 +599,7 @@ pub fn run(
     })?;
     // The bench file lives in a 0700 scratch directory of this run, gone
     // on every exit path (and cleared by a later run if this one is killed).
-    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-io").map_err(|source| {
+    let scratch = ucm_harness::scratch::Scratch::new(&cfg.dir, "bench-io").map_err(|source| {
         IoBenchError::Setup {
             path: cfg.dir.clone(),
             source,

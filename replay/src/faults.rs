@@ -4,8 +4,8 @@
 use super::report::FaultKindReport;
 use super::workload::mix;
 use super::{ModeReport, ReplayConfig, Result};
-use crate::coordinator::{Deployment, Kind, Presence, RequestHashes, SpecTable};
-use crate::harness::{Engine, Outcome, Request};
+use ucm_coordinator::{Deployment, Kind, Presence, RequestHashes, SpecTable};
+use ucm_harness::{Engine, Outcome, Request};
 
 /// The kinds of injected faults, taken in turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +47,7 @@ impl FaultKind {
 pub(super) struct Fault {
     kind: FaultKind,
     #[cfg(feature = "failpoints")]
-    guard: Option<crate::device::io::faults::FaultGuard>,
+    guard: Option<ucm_device::io::faults::FaultGuard>,
     /// Storms: the group, and its stored prefix of the request's ids
     /// before and right after the storm.
     storm: Option<(usize, usize, usize)>,
@@ -151,7 +151,7 @@ impl Faults {
             FaultKind::ReadEio | FaultKind::WriteEio | FaultKind::WriteEnospc => {
                 #[cfg(feature = "failpoints")]
                 {
-                    use crate::device::io::faults::{inject, FaultOp, FaultRule};
+                    use ucm_device::io::faults::{inject, FaultOp, FaultRule};
                     let (op, errno) = match kind {
                         FaultKind::ReadEio => (FaultOp::Read, libc::EIO),
                         FaultKind::WriteEio => (FaultOp::Write, libc::EIO),

@@ -16,7 +16,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::store::paths::{writer_alive, writer_id};
+use ucm_store::paths::{writer_alive, writer_id};
 
 /// A scratch directory, removed when dropped.
 #[derive(Debug)]
@@ -91,10 +91,9 @@ mod tests {
     #[test]
     fn a_dead_runs_scratch_goes_and_a_live_ones_stays() {
         let parent = tempfile::tempdir().unwrap();
-        let stale = parent.path().join(format!(
-            "ucm-replay.{}.0",
-            crate::store::paths::dead_writer()
-        ));
+        let stale = parent
+            .path()
+            .join(format!("ucm-replay.{}.0", ucm_store::paths::dead_writer()));
         fs::create_dir(&stale).unwrap();
         fs::write(stale.join("blk"), b"x").unwrap();
         let other = parent.path().join("ucm-notes");

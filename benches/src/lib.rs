@@ -1,6 +1,8 @@
 //! `ucm bench`: throughput measured against a baseline taken in the same
 //! run, reported as ratios (never as absolute goals in timed tests).
 
+#![deny(missing_docs)]
+
 pub mod device;
 pub mod hash;
 pub mod io;

@@ -22,17 +22,19 @@
 //!
 //! **Scale.** Byte sizes are divided by `bytes_scale` (default 64) so the
 //! default run fits two cores in well under two minutes; block sizes, grids,
-//! windows and layers are the spec's, so hits are too. In the simulated
-//! TTFT the measured load time of a step is scaled by the bytes the same
-//! items hold at full size over the bytes moved (the bandwidth measured,
-//! applied to the real sizes), and compute is `compute_us_per_token` per
-//! prompt token not served.
+//! windows and layers are the spec's, so hits are too. The simulated TTFT
+//! ([`ttft`]) overlaps per-layer compute (`compute_us_per_token` per
+//! prompt token not served) with the loads, at rates measured in the run.
 
 //!
 //! Files: [`workload`] (the requests), [`trace`] (public traces in the
 //! Mooncake format: reader, token derivation, their own hit figures), [`faults`] (injection and the
 //! accounting of what each fault caused), [`report`] (the figures, text and
-//! SVG); this file runs the modes on the engine harness.
+//! SVG), [`ttft`] (the TTFT model), [`sim`] (the capacity-only trace
+//! replay and its peer policies); this file runs the modes on the engine
+//! harness.
+
+#![deny(missing_docs)]
 
 mod faults;
 pub mod instances;
@@ -49,12 +51,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::coordinator::adapter::StoreSetConfig;
-use crate::coordinator::{CoordError, RequestKeys, SpecTable};
+use ucm_coordinator::adapter::StoreSetConfig;
+use ucm_coordinator::{CoordError, RequestKeys, SpecTable};
 #[cfg(feature = "sabotage")]
-use crate::harness::Sabotage;
-use crate::harness::{Engine, EngineConfig, HarnessError, Request};
-use crate::store::SyncMode;
+use ucm_harness::Sabotage;
+use ucm_harness::{Engine, EngineConfig, HarnessError, Request};
+use ucm_store::SyncMode;
 
 use faults::{FaultKind, Faults};
 use report::{ratio, round4, turns};
@@ -313,7 +315,7 @@ fn run_mode(
     let scratch = match store_dir {
         Some(_) => None,
         None => Some(
-            crate::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
+            ucm_harness::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
                 .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?,
         ),
     };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::ReplayConfig;
-use crate::coordinator::hash::seeded_tokens;
+use ucm_coordinator::hash::seeded_tokens;
 
 /// The workloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]

@@ -20,7 +20,7 @@ use redis::cluster::{cluster_pipe, ClusterClient};
 use serde::Serialize;
 
 use super::Spread;
-use crate::store::{BlockId, Geometry, RemoteConfig, RemoteTier, StoreError};
+use ucm_store::{BlockId, Geometry, RemoteConfig, RemoteTier, StoreError};
 
 /// One result.
 #[derive(Clone, Debug, Serialize)]
@@ -92,7 +92,7 @@ pub fn run(
             shards_per_block: 1,
         },
     )?;
-    let crate::store::Endpoint::Redis(nodes) = &probe.endpoint else {
+    let ucm_store::Endpoint::Redis(nodes) = &probe.endpoint else {
         return Err(StoreError::Config(
             "ucm bench remote measures a Redis or Valkey cluster (redis://...)".into(),
         ));

@@ -28,7 +28,7 @@ use super::cache::{ByteLru, Unit};
 use super::units::{Held, Model};
 use super::vllm::insert_tail_first;
 use super::SimRequest;
-use crate::coordinator::CoordError;
+use ucm_coordinator::CoordError;
 
 /// SGLang's default chunked-prefill size on H20/H200-class GPUs.
 pub const CHUNK: u64 = 8192;

@@ -27,7 +27,7 @@
 //! two stages runs in full, the shorter shows only for the first (load) or
 //! last (compute) layer. A step that loads nothing takes `C`.
 
-use crate::harness::StepTiming;
+use ucm_harness::StepTiming;
 
 /// The load rate of a run, in stored (scaled) bytes per second: the median
 /// of its loading steps' `loaded / load_wait`. `None` when no step loaded
@@ -216,9 +216,9 @@ mod tests {
             compute_us_per_token: 100.0,
             layers: 4,
             // 100 kB/s of scaled bytes (every cost of the small loads),
-            // 1.99 MB/s for the rest of the bytes.
+            // 1.98 MB/s for the rest of the bytes.
             rate: Some(1e5),
-            copy_rate: 1.99e6,
+            copy_rate: 1.98e6,
         };
         // 1000-token prompt, 600 served: the first step loads 100 B scaled
         // (1 ms) and 10 kB at full size (9,900 B more: 5 ms more), and
@@ -241,9 +241,11 @@ mod tests {
             m.request_ms(1000, 500, &steps),
             40.0 + 6.0 / 4.0 + 10.0
         ));
-        // Load-bound: a 100 kB load (49.7 ms more) outlasts the compute.
+        // Load-bound: a 100 kB load (1 ms + 99,900 B at 1.98 MB/s) outlasts
+        // the 40 ms of compute, which shows for one layer.
         let big = [step(600, 1000, 3, 100, 100_000)];
-        assert!(close(m.request_ms(1000, 600, &big), 51.2 + 40.0 / 4.0));
+        let load = 1.0 + 99_900.0 / 1.98e6 * 1000.0;
+        assert!(close(m.request_ms(1000, 600, &big), load + 40.0 / 4.0));
         // No steps (recompute): compute only.
         assert_eq!(m.request_ms(1000, 0, &[]), 100.0);
         // No rate: loads cost nothing measurable.

@@ -2,11 +2,11 @@
 //! blocks of a token range, a state at a position, and the resolution of a
 //! hit over any set of held units (the coordinator's own `resolve`).
 
-use crate::coordinator::hash::Id;
-use crate::coordinator::hash::{checkpoint_hash, RequestHashes};
-use crate::coordinator::resolve::{resolve_positions, Checkpoints, Presence};
-use crate::coordinator::spec::{Group, Kind, SpecTable};
-use crate::coordinator::CoordError;
+use ucm_coordinator::hash::Id;
+use ucm_coordinator::hash::{checkpoint_hash, RequestHashes};
+use ucm_coordinator::resolve::{resolve_positions, Checkpoints, Presence};
+use ucm_coordinator::spec::{Group, Kind, SpecTable};
+use ucm_coordinator::CoordError;
 
 use super::cache::Unit;
 

@@ -3,7 +3,7 @@
 //! measured in the same run).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use ucm::device::{CopyRun, Device, HostDevice};
+use ucm_device::{CopyRun, Device, HostDevice};
 
 fn scatter_vs_contiguous(c: &mut Criterion) {
     let dev = HostDevice::new();

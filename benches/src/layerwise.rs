@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::round_to;
-use crate::coordinator::adapter::{
+use ucm_coordinator::adapter::{
     Allocation, EngineRequest, LayerRegistration, Scheduled, Scheduler, StoreSet, StoreSetConfig,
     UnitMap, Worker, WorkerConfig,
 };
-use crate::coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys, SpecTable};
-use crate::device::{Device, HostDevice, IoEngineKind};
+use ucm_coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys, SpecTable};
+use ucm_device::{Device, HostDevice, IoEngineKind};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -76,7 +76,7 @@ impl Default for LayerwiseConfig {
             bytes_per_token: 4096,
             ratios: vec![0.25, 0.5, 1.0, 2.0],
             reps: 5,
-            lookahead: crate::coordinator::adapter::DEFAULT_LOOKAHEAD,
+            lookahead: ucm_coordinator::adapter::DEFAULT_LOOKAHEAD,
             engine: IoEngineKind::Auto,
         }
     }
@@ -113,7 +113,7 @@ pub enum LayerwiseError {
     Coord(#[from] CoordError),
     /// The host device failed.
     #[error(transparent)]
-    Device(#[from] crate::device::DeviceError),
+    Device(#[from] ucm_device::DeviceError),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -127,7 +127,7 @@ struct Model {
     /// Each layer's KV region, allocated and touched once, as an engine
     /// allocates its KV cache at start-up: a region allocated per round
     /// would put its first-touch page faults inside the timed loads.
-    layers: Vec<crate::device::Memory>,
+    layers: Vec<ucm_device::Memory>,
 }
 
 fn open(
@@ -261,10 +261,10 @@ pub fn run(
     let layers = (0..cfg.units)
         .map(|_| {
             let mem = dev.alloc_device(layer_bytes)?;
-            crate::device::conformance::upload(&*dev, &mem, 0, &vec![0u8; layer_bytes])?;
+            ucm_device::conformance::upload(&*dev, &mem, 0, &vec![0u8; layer_bytes])?;
             Ok(mem)
         })
-        .collect::<Result<Vec<_>, crate::device::DeviceError>>()?;
+        .collect::<Result<Vec<_>, ucm_device::DeviceError>>()?;
     let m = Model {
         units: Arc::new(UnitMap::new(&spec)),
         spec,
@@ -278,7 +278,7 @@ pub fn run(
         cfg.lookahead,
         cfg.dir.display()
     ));
-    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-layerwise")
+    let scratch = ucm_harness::scratch::Scratch::new(&cfg.dir, "bench-layerwise")
         .map_err(|e| LayerwiseError::Other(format!("{}: {e}", cfg.dir.display())))?;
     let dir = scratch.path().to_path_buf();
     let result = (|| {

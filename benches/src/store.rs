@@ -301,7 +301,7 @@ pub(super) fn pattern_source(
     const CHUNK: usize = 1 << 20;
     let src = dev.alloc_device(bytes)?;
     let host = dev.alloc_pinned(CHUNK.min(bytes))?;
-    let chunk = crate::device::conformance::pattern(seed, CHUNK.min(bytes));
+    let chunk = ucm_device::conformance::pattern(seed, CHUNK.min(bytes));
     host.write_host(0, &chunk)?;
     let s = dev.create_stream()?;
     let runs: Vec<CopyRun<'_>> = (0..bytes)
@@ -388,7 +388,7 @@ pub fn run(
     if cfg.use_fio && !fio {
         progress("fio not found: disk-path limits will be null");
     }
-    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-store")
+    let scratch = ucm_harness::scratch::Scratch::new(&cfg.dir, "bench-store")
         .map_err(|e| StoreBenchError::Other(format!("{}: {e}", cfg.dir.display())))?;
     let root = scratch.path().to_path_buf();
     let result = (|| {

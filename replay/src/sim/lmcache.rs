@@ -19,7 +19,7 @@ use super::cache::Unit;
 use super::tiers::{Loaded, Tiers};
 use super::units::{Held, Model};
 use super::{Saved, SimRequest};
-use crate::coordinator::CoordError;
+use ucm_coordinator::CoordError;
 
 /// LMCache's default chunk size (tokens).
 pub const CHUNK: u64 = 256;

@@ -32,7 +32,7 @@
 use super::cache::{ByteLru, Unit};
 use super::units::{Held, Model};
 use super::SimRequest;
-use crate::coordinator::CoordError;
+use ucm_coordinator::CoordError;
 
 /// vLLM's device prefix cache.
 #[derive(Debug)]

@@ -128,7 +128,7 @@ pub fn run<D: Device>(
     let bytes = cfg.bytes / (64 << 10) * (64 << 10);
     let cfg = DeviceBenchConfig { bytes, ..*cfg };
     let host = dev.alloc_pinned(bytes)?;
-    host.write_host(0, &crate::device::conformance::pattern(7, bytes))?;
+    host.write_host(0, &ucm_device::conformance::pattern(7, bytes))?;
     let dmem = dev.alloc_device(bytes * 2)?;
     let s = dev.create_stream()?;
     let mut out = Vec::new();

@@ -14,11 +14,11 @@ use serde::Serialize;
 
 use super::units::Model;
 use super::{Sim, SimConfig, SimMode, SimRequest};
-use crate::coordinator::adapter::StoreSetConfig;
-use crate::coordinator::{RequestKeys, SpecTable};
-use crate::harness::{Engine, EngineConfig, Request};
-use crate::replay::trace::{output_tokens, prompt_tokens, TraceRequest};
-use crate::replay::{ReplayError, SabotageKind};
+use crate::trace::{output_tokens, prompt_tokens, TraceRequest};
+use crate::{ReplayError, SabotageKind};
+use ucm_coordinator::adapter::StoreSetConfig;
+use ucm_coordinator::{RequestKeys, SpecTable};
+use ucm_harness::{Engine, EngineConfig, Request};
 
 /// Most requests a byte-moving sample takes.
 pub const MAX_SAMPLE: usize = 2000;
@@ -72,7 +72,7 @@ pub fn run_sample(
         ..cfg.clone()
     };
     let mut sim = Sim::new(&model, SimMode::Ucm, 0, &unlimited);
-    let scratch = crate::scratch::Scratch::new(dir, "replay-sample")
+    let scratch = ucm_harness::scratch::Scratch::new(dir, "replay-sample")
         .map_err(|e| ReplayError::Config(format!("{}: {e}", dir.display())))?;
     let max_tokens = trace
         .iter()

@@ -41,10 +41,10 @@ use super::cache::Unit;
 use super::tiers::Loaded;
 use super::units::{Held, Model};
 use super::{Saved, SimConfig, SimMode, SimRequest};
-use crate::coordinator::hash::Id;
-use crate::coordinator::spec::Kind;
-use crate::coordinator::CoordError;
-use crate::replay::trace::TraceRequest;
+use crate::trace::TraceRequest;
+use ucm_coordinator::hash::Id;
+use ucm_coordinator::spec::Kind;
+use ucm_coordinator::CoordError;
 
 /// Candidates scored per eviction (the least recent ones).
 const SAMPLE: usize = 64;

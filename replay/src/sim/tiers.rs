@@ -11,7 +11,7 @@
 
 use super::cache::{Ghosts, PriorityCache, Unit};
 use super::units::Model;
-use crate::coordinator::retention::SpeculativeBudget;
+use ucm_coordinator::retention::SpeculativeBudget;
 
 /// Bytes a load took from each tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -193,7 +193,7 @@ pub fn run_parent(
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<InstancesReport> {
     check(cfg, count)?;
-    let scratch = crate::scratch::Scratch::new(&cfg.dir, "replay-instances")
+    let scratch = ucm_harness::scratch::Scratch::new(&cfg.dir, "replay-instances")
         .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?;
     let base = child_args(args);
     let mut children = Vec::new();

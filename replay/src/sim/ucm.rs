@@ -21,11 +21,11 @@ use super::cache::Unit;
 use super::tiers::{Loaded, Tiers};
 use super::units::{Held, Model};
 use super::{Saved, SimRequest};
-use crate::coordinator::adapter::{EngineRequest, Scheduler};
-use crate::coordinator::resolve::Presence;
-use crate::coordinator::retention::Priority;
-use crate::coordinator::spec::Group;
-use crate::coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys};
+use ucm_coordinator::adapter::{EngineRequest, Scheduler};
+use ucm_coordinator::resolve::Presence;
+use ucm_coordinator::retention::Priority;
+use ucm_coordinator::spec::Group;
+use ucm_coordinator::{CheckpointDirectory, CoordError, Deployment, RequestKeys};
 
 /// The scheduler's view of the tiers (chain blocks only: checkpoints come
 /// from the directory).
@@ -37,7 +37,7 @@ fn locked(t: &Mutex<Tiers>) -> MutexGuard<'_, Tiers> {
 }
 
 impl Presence for TierPresence {
-    fn lookup(&self, group: &Group, ids: &[crate::coordinator::hash::Id]) -> Vec<bool> {
+    fn lookup(&self, group: &Group, ids: &[ucm_coordinator::hash::Id]) -> Vec<bool> {
         let t = locked(&self.0);
         ids.iter()
             .map(|id| {

@@ -96,7 +96,7 @@ pub fn run(
         ));
     }
     let load = super::announce_load(&mut progress);
-    let scratch = crate::scratch::Scratch::new(&cfg.dir, "bench-tiers")
+    let scratch = ucm_harness::scratch::Scratch::new(&cfg.dir, "bench-tiers")
         .map_err(|e| StoreBenchError::Other(format!("{}: {e}", cfg.dir.display())))?;
     let root = scratch.path().to_path_buf();
     let mut out = Vec::new();
