@@ -1190,11 +1190,11 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
             println!(
-                "{:<22} {} GiB/s  baseline {} GiB/s  ratio {:.3}",
+                "{:<22} {} GiB/s  baseline {} GiB/s  paired ratio {}",
                 r.case,
                 r.spread.text(3),
                 r.limit_spread.text(3),
-                r.ratio
+                r.paired.text(3)
             );
         }
     }
@@ -1254,11 +1254,11 @@ fn bench_hash(a: HashArgs) -> Result<(), String> {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
             println!(
-                "chain_ids {:>4}-token blocks  {} GiB/s  raw md5 {} GiB/s  ratio {:.3}",
+                "chain_ids {:>4}-token blocks  {} GiB/s  raw md5 {} GiB/s  paired ratio {}",
                 r.block_tokens,
                 r.spread.text(3),
                 r.limit_spread.text(3),
-                r.ratio
+                r.paired.text(3)
             );
         }
     }
@@ -1298,21 +1298,21 @@ fn bench_store(a: StoreArgs) -> Result<(), String> {
         if a.json {
             println!("{}", serde_json::to_string(r).map_err(|e| e.to_string())?);
         } else {
-            let opt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
             let (digits, unit) = if r.blocks_s.is_some() {
                 (0, "blk/s")
             } else {
                 (3, "GiB/s")
             };
             println!(
-                "{:<16} {:>5} KiB  {:>26}  limit {:>26}  ratio {}{}",
+                "{:<16} {:>5} KiB  {:>26}  limit {:>26}  paired ratio {}{}",
                 r.path,
                 r.shard_bytes >> 10,
                 format!("{} {unit}", r.spread.text(digits)),
                 r.limit_spread.map_or("-".to_string(), |s| s.text(digits)),
-                opt(r.ratio),
-                r.serial_ratio
-                    .map(|s| format!("  (vs fio+memcpy {s:.3})"))
+                r.paired.as_ref().map_or("-".to_string(), |p| p.text(3)),
+                r.serial_paired
+                    .as_ref()
+                    .map(|s| format!("  (vs fio+memcpy {})", s.text(3)))
                     .unwrap_or_default()
             );
         }

@@ -23,7 +23,7 @@ use std::time::Instant;
 use serde::Serialize;
 use ucm_device::{CopyRun, Device, DeviceError, Memory};
 
-use super::{gib_s, median, round_to, Spread};
+use super::{gib_s, median, round_to, Paired, Spread};
 
 /// What to measure.
 #[derive(Clone, Copy, Debug)]
@@ -55,8 +55,10 @@ pub struct DeviceBenchRecord {
     pub gib_s: f64,
     /// The baseline, median GiB/s.
     pub limit_gib_s: f64,
-    /// `gib_s / limit_gib_s`.
+    /// The median of the per-round ratios (`paired`).
     pub ratio: f64,
+    /// Ours over the baseline round by round, their median and quartiles.
+    pub paired: Paired,
     /// Layerwise case only: the share of I/O time hidden behind compute.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hidden_io_fraction: Option<f64>,
@@ -96,15 +98,13 @@ fn chunked<D: Device>(
 
 fn record(case: &str, ours: &[f64], limit: &[f64], load: Option<f64>) -> DeviceBenchRecord {
     let (g, l) = (Spread::of(ours), Spread::of(limit));
+    let paired = Paired::of(ours, limit, 3);
     DeviceBenchRecord {
         case: case.to_string(),
         gib_s: round_to(g.median, 3),
         limit_gib_s: round_to(l.median, 3),
-        ratio: if l.median > 0.0 {
-            round_to(g.median / l.median, 3)
-        } else {
-            0.0
-        },
+        ratio: paired.median,
+        paired,
         hidden_io_fraction: None,
         spread: g.rounded(3),
         limit_spread: l.rounded(3),

@@ -12,7 +12,7 @@ use std::time::Instant;
 use md5::{Digest, Md5};
 use serde::Serialize;
 
-use super::Spread;
+use super::{Paired, Spread};
 use ucm_coordinator::hash::{chain_ids, Id, RequestKeys};
 
 /// One result.
@@ -28,6 +28,8 @@ pub struct HashRecord {
     pub limit: f64,
     /// `gib_s / limit`: the ratio of the medians.
     pub ratio: f64,
+    /// Ours over the baseline round by round, their median and quartiles.
+    pub paired: Paired,
     /// `chain_ids` over the rounds: median, min, max.
     pub spread: Spread,
     /// Raw md5 over the rounds.
@@ -77,16 +79,14 @@ pub fn run(
         }
         std::hint::black_box(sink);
         let (spread, limit_spread) = (Spread::of(&chains), Spread::of(&raws));
+        let paired = Paired::of(&chains, &raws, 4);
         out.push(HashRecord {
             path: "chain_ids".into(),
             block_tokens: bs,
             gib_s: spread.median,
             limit: limit_spread.median,
-            ratio: if limit_spread.median > 0.0 {
-                spread.median / limit_spread.median
-            } else {
-                0.0
-            },
+            ratio: paired.median,
+            paired,
             spread: spread.rounded(4),
             limit_spread: limit_spread.rounded(4),
             load_average: load,
@@ -111,7 +111,10 @@ mod tests {
                 (round_to(r.gib_s, 4), round_to(r.limit, 4))
             );
             assert!(r.spread.min <= r.spread.median && r.spread.median <= r.spread.max);
-            assert!(r.ratio > 0.0 && (r.ratio - r.gib_s / r.limit).abs() < 1e-12);
+            // The ratio is the median of the three rounds' own ratios.
+            assert_eq!(r.paired.ratios.len(), 3);
+            assert!(r.ratio > 0.0 && r.ratio == r.paired.median);
+            assert!(r.paired.q1 <= r.ratio && r.ratio <= r.paired.q3);
         }
     }
 }

@@ -17,7 +17,7 @@ use ucm_device::{
     DeviceError, IoBuf, IoEngine, IoEngineConfig, IoEngineKind, IoFile, IoRequest, OpenOptions,
 };
 
-use super::{gib_s, round_to, Spread};
+use super::{gib_s, round_to, Paired, Spread};
 
 /// Access pattern of a case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -143,8 +143,10 @@ pub struct IoBenchRecord {
     /// fio's own median figure (its bytes over the longest job's runtime,
     /// which leaves out how much later some jobs start than others).
     pub fio_own_gib_s: Option<f64>,
-    /// `gib_s / fio_gib_s`: the ratio of the medians (None without fio).
+    /// Ours over fio: the median of the per-round ratios (None without fio).
     pub ratio: Option<f64>,
+    /// Ours over fio round by round (with fio), their median and quartiles.
+    pub fio_paired: Option<Paired>,
     /// Our rounds: median, min and max GiB/s.
     pub spread: Spread,
     /// fio's rounds (None without fio).
@@ -153,8 +155,11 @@ pub struct IoBenchRecord {
     /// `depth` buffers, each reused every `depth` operations (the bound of
     /// any engine serving this client, see `run_loop`; D70).
     pub loop_gib_s: f64,
-    /// `gib_s / loop_gib_s`: what the engine itself costs.
+    /// Ours over the loop, the median of the per-round ratios: what the
+    /// engine itself costs.
     pub loop_ratio: f64,
+    /// Ours over the same-pattern loop round by round.
+    pub loop_paired: Paired,
     /// The loop's rounds.
     pub loop_spread: Spread,
     /// The machine's 1-minute load average when the bench started.
@@ -695,6 +700,8 @@ fn run_in(
                     }
                     // Medians of the interleaved rounds on both sides, the
                     // extremes beside them.
+                    let fio_paired = fio.then(|| Paired::of(&ours, &theirs, 3));
+                    let loop_paired = Paired::of(&ours, &looped, 3);
                     let ours = Spread::of(&ours);
                     let looped = Spread::of(&looped);
                     let theirs = fio.then(|| Spread::of(&theirs));
@@ -709,11 +716,15 @@ fn run_in(
                         gib_s: round_to(g, 3),
                         fio_gib_s: f.map(|x| round_to(x, 3)),
                         fio_own_gib_s: own.map(|x| round_to(x, 3)),
-                        ratio: f.filter(|&f| f > 0.0).map(|f| round_to(g / f, 3)),
+                        ratio: f
+                            .filter(|&f| f > 0.0)
+                            .and(fio_paired.as_ref().map(|p| p.median)),
+                        fio_paired,
                         spread: ours.rounded(3),
                         fio_spread: theirs.map(|t| t.rounded(3)),
                         loop_gib_s: round_to(looped.median, 3),
-                        loop_ratio: round_to(g / looped.median.max(1e-9), 3),
+                        loop_ratio: loop_paired.median,
+                        loop_paired,
                         loop_spread: looped.rounded(3),
                         load_average: load,
                     };

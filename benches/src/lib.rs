@@ -27,6 +27,69 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// A comparison judged round by round: in round `k` ours and the baseline
+/// ran back to back, so `ours[k] / base[k]` cancels what moved the
+/// machine between rounds (on a shared VM the baseline alone moves 2x
+/// within a run). Goals are judged on `median`; `q1`..`q3` is the spread.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Paired {
+    /// Each round's ratio, in round order.
+    pub ratios: Vec<f64>,
+    /// Their median.
+    pub median: f64,
+    /// Their first quartile.
+    pub q1: f64,
+    /// Their third quartile.
+    pub q3: f64,
+}
+
+impl Paired {
+    /// The per-round ratios `ours[k] / base[k]`, rounded to `digits`
+    /// decimals, for the rounds where both are finite and the baseline
+    /// positive.
+    pub fn of(ours: &[f64], base: &[f64], digits: i32) -> Paired {
+        let ratios: Vec<f64> = ours
+            .iter()
+            .zip(base)
+            .filter(|(o, b)| o.is_finite() && b.is_finite() && **b > 0.0)
+            .map(|(o, b)| o / b)
+            .collect();
+        let mut sorted = ratios.clone();
+        sorted.sort_by(f64::total_cmp);
+        Paired {
+            median: round_to(quantile(&sorted, 0.5), digits),
+            q1: round_to(quantile(&sorted, 0.25), digits),
+            q3: round_to(quantile(&sorted, 0.75), digits),
+            ratios: ratios.iter().map(|&r| round_to(r, digits)).collect(),
+        }
+    }
+
+    /// `median [q1-q3]` with `digits` decimals.
+    pub fn text(&self, digits: usize) -> String {
+        format!(
+            "{:.d$} [{:.d$}-{:.d$}]",
+            self.median,
+            self.q1,
+            self.q3,
+            d = digits
+        )
+    }
+}
+
+/// The `q` quantile of sorted `v`, interpolated between neighbours (0 for
+/// an empty slice).
+pub fn quantile(v: &[f64], q: f64) -> f64 {
+    match v.len() {
+        0 => 0.0,
+        1 => v[0],
+        n => {
+            let at = q.clamp(0.0, 1.0) * (n - 1) as f64;
+            let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
+        }
+    }
+}
+
 /// The spread of one side of a comparison over its rounds: the median
 /// (what ratios are taken on) and the extremes. Rounds that produced no
 /// finite figure are left out.
@@ -140,5 +203,23 @@ mod tests {
         assert_eq!(Spread::of(&[]), Spread::default());
         assert_eq!(Spread::of(&[1.23456]).rounded(2).median, 1.23);
         assert_eq!(Spread::of(&[1.0, 2.0, 4.0]).text(1), "2.0 (1.0-4.0)");
+    }
+
+    #[test]
+    fn paired_ratios_are_taken_round_by_round() {
+        // The machine halves its speed in rounds 2 and 3: separate medians
+        // give 1.0 / 1.0 = 1.0, the rounds say ours is 0.9 of the baseline
+        // every time.
+        let base = [10.0, 5.0, 5.0, 10.0, 10.0];
+        let ours = [9.0, 4.5, 4.5, 9.0, 9.0];
+        let p = Paired::of(&ours, &base, 3);
+        assert_eq!(p.ratios, vec![0.9; 5]);
+        assert_eq!((p.median, p.q1, p.q3), (0.9, 0.9, 0.9));
+        // Quartiles interpolate; a round without a baseline is left out.
+        let p = Paired::of(&[1.0, 2.0, 3.0, 4.0, 7.0], &[1.0, 1.0, 1.0, 1.0, 0.0], 3);
+        assert_eq!(p.ratios, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!((p.median, p.q1, p.q3), (2.5, 1.75, 3.25));
+        assert_eq!(p.text(2), "2.50 [1.75-3.25]");
+        assert_eq!(Paired::of(&[], &[], 3), Paired::default());
     }
 }

@@ -19,7 +19,7 @@ use std::time::Instant;
 use redis::cluster::{cluster_pipe, ClusterClient};
 use serde::Serialize;
 
-use super::Spread;
+use super::{Paired, Spread};
 use ucm_store::{BlockId, Geometry, RemoteConfig, RemoteTier, StoreError};
 
 /// One result.
@@ -35,8 +35,10 @@ pub struct RemoteRecord {
     pub ucm: Spread,
     /// The raw pipelined loop, same unit.
     pub raw: Spread,
-    /// `ucm.median / raw.median`.
+    /// UCM over the raw loop: the median of the per-round ratios.
     pub ratio: f64,
+    /// UCM over the raw loop round by round, their median and quartiles.
+    pub paired: Paired,
     /// Lookups only: one `EXISTS` per id (a round trip each), ids/s.
     pub per_id: Option<Spread>,
     /// The machine's 1-minute load average at the start (none without
@@ -168,6 +170,7 @@ pub fn run(
             ));
         }
         for (op, u, r) in [("put", &up, &rp), ("get", &ug, &rg)] {
+            let paired = Paired::of(u, r, 3);
             let (u, r) = (Spread::of(u), Spread::of(r));
             out.push(RemoteRecord {
                 op: op.into(),
@@ -175,11 +178,8 @@ pub fn run(
                 count,
                 ucm: u,
                 raw: r,
-                ratio: if r.median > 0.0 {
-                    u.median / r.median
-                } else {
-                    0.0
-                },
+                ratio: paired.median,
+                paired,
                 per_id: None,
                 load_average: load,
             });
@@ -257,6 +257,7 @@ pub fn run(
     for chunk in ids.chunks(512) {
         tier.delete(chunk)?;
     }
+    let paired = Paired::of(&u, &r, 3);
     let (u, r) = (Spread::of(&u), Spread::of(&r));
     out.push(RemoteRecord {
         op: "lookup".into(),
@@ -264,11 +265,8 @@ pub fn run(
         count: n,
         ucm: u,
         raw: r,
-        ratio: if r.median > 0.0 {
-            u.median / r.median
-        } else {
-            0.0
-        },
+        ratio: paired.median,
+        paired,
         per_id: Some(Spread::of(&one)),
         load_average: load,
     });

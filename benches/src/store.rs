@@ -43,7 +43,7 @@ use ucm_store::{
 };
 
 use super::io::{fio_available, run_fio, Pattern};
-use super::{gib_s, round_to, Spread};
+use super::{gib_s, round_to, Paired, Spread};
 
 /// Worker threads of the bench's stores: each copies on its own device
 /// stream, so the memcpy limit runs on as many threads.
@@ -105,8 +105,11 @@ pub struct StoreBenchRecord {
     pub blocks_s: Option<f64>,
     /// The same-run limit's median, in the same unit (None without fio).
     pub limit: Option<f64>,
-    /// Ours over the limit, on medians.
+    /// Ours over the limit: the median of the per-round ratios.
     pub ratio: Option<f64>,
+    /// Ours over the limit round by round, their median and quartiles
+    /// (None without a limit).
+    pub paired: Option<Paired>,
     /// Our rounds: median, min, max.
     pub spread: Spread,
     /// The limit's rounds (None without a limit).
@@ -117,9 +120,13 @@ pub struct StoreBenchRecord {
     /// (device <-> pool, pool <-> file) where fio moves it once.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_limit: Option<f64>,
-    /// Ours over `serial_limit`.
+    /// Ours over the serial limit: the median of the per-round ratios
+    /// (each round's serial limit from its own fio and memcpy rounds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_ratio: Option<f64>,
+    /// Ours over the serial limit round by round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial_paired: Option<Paired>,
     /// The machine's 1-minute load average when the bench started.
     pub load_average: Option<f64>,
     /// `dump_cold`: the disk tier's sync mode, and the `syncfs` calls of
@@ -161,17 +168,22 @@ pub(super) fn record(
     let spread = Spread::of(ours);
     let limit_spread = (!limit.is_empty()).then(|| Spread::of(limit));
     let (o, l) = (spread.median, limit_spread.map(|s| s.median));
+    let paired = (!limit.is_empty()).then(|| Paired::of(ours, limit, 3));
     StoreBenchRecord {
         path: path.into(),
         shard_bytes,
         gib_s: (!lookups).then(|| round_to(o, 3)),
         blocks_s: lookups.then(|| o.round()),
         limit: l.map(|l| if lookups { l.round() } else { round_to(l, 3) }),
-        ratio: l.filter(|l| *l > 0.0).map(|l| round_to(o / l, 3)),
+        ratio: l
+            .filter(|l| *l > 0.0)
+            .and(paired.as_ref().map(|p| p.median)),
+        paired,
         spread: spread.rounded(digits),
         limit_spread: limit_spread.map(|s| s.rounded(digits)),
         serial_limit: None,
         serial_ratio: None,
+        serial_paired: None,
         load_average: None,
         sync_mode: None,
         fs_syncs: None,
@@ -187,15 +199,28 @@ fn disk_record(
     memcpy: &[f64],
 ) -> StoreBenchRecord {
     let mut r = record(path, shard_bytes, ours, fio, false);
-    let (ours, memcpy) = (Spread::of(ours).median, Spread::of(memcpy).median);
+    let serial = |f: f64, m: f64| 1.0 / (1.0 / f + 1.0 / m);
+    let memcpy_median = Spread::of(memcpy).median;
     if let Some(f) = r
         .limit_spread
         .map(|s| s.median)
-        .filter(|f| *f > 0.0 && memcpy > 0.0)
+        .filter(|f| *f > 0.0 && memcpy_median > 0.0)
     {
-        let serial = 1.0 / (1.0 / f + 1.0 / memcpy);
-        r.serial_limit = Some(round_to(serial, 3));
-        r.serial_ratio = Some(round_to(ours / serial, 3));
+        r.serial_limit = Some(round_to(serial(f, memcpy_median), 3));
+        let rounds: Vec<f64> = fio
+            .iter()
+            .zip(memcpy)
+            .map(|(&f, &m)| {
+                if f > 0.0 && m > 0.0 {
+                    serial(f, m)
+                } else {
+                    f64::NAN
+                }
+            })
+            .collect();
+        let p = Paired::of(ours, &rounds, 3);
+        r.serial_ratio = Some(p.median);
+        r.serial_paired = Some(p);
     }
     r
 }
