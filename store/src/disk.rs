@@ -44,12 +44,12 @@
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use ucm_device::io::fs as iofs;
 use ucm_device::io::IoDir;
 use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, IoTicket, OpenOptions};
@@ -283,11 +283,7 @@ fn rel_name(id: &BlockId) -> [u8; 43] {
 }
 
 fn mkdir(path: &Path) -> Result<()> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(StoreError::fs("create directory", path))
+    iofs::create_dir_all(path, 0o700).map_err(StoreError::fs("create directory", path))
 }
 
 impl DiskTier {
@@ -335,7 +331,7 @@ impl DiskTier {
         // old) are never read: clear them. Live writers' files, and
         // anything the store did not name, stay.
         let mut cleared = 0;
-        for entry in fs::read_dir(&tmp).map_err(StoreError::fs("list", &tmp))? {
+        for entry in iofs::read_dir(&tmp).map_err(StoreError::fs("list", &tmp))? {
             let entry = entry.map_err(StoreError::fs("list", &tmp))?;
             let (Ok(m), Some(name)) = (
                 entry.metadata(),
@@ -343,7 +339,7 @@ impl DiskTier {
             ) else {
                 continue;
             };
-            if paths::stale_tmp(&name, &m) && fs::remove_file(entry.path()).is_ok() {
+            if paths::stale_tmp(&name, &m) && iofs::remove_file(&entry.path()).is_ok() {
                 cleared += 1;
             }
         }
@@ -686,7 +682,7 @@ impl DiskTier {
     fn place(&self, p: &mut Pending, dst: &Path) -> Result<()> {
         let file = match (&p.tmp, &p.file) {
             (Some(tmp), _) => {
-                return fs::rename(tmp, dst).map_err(StoreError::fs("rename", dst));
+                return iofs::rename(tmp, dst).map_err(StoreError::fs("rename", dst));
             }
             (None, Some(f)) => f,
             (None, None) => {
@@ -700,7 +696,7 @@ impl DiskTier {
                 let tmp = paths::tmp_path(&self.cfg.dir.join("tmp"), &hex(&p.id));
                 file.link_as(&tmp)?;
                 p.tmp = Some(tmp.clone());
-                fs::rename(&tmp, dst).map_err(StoreError::fs("rename", dst))
+                iofs::rename(&tmp, dst).map_err(StoreError::fs("rename", dst))
             }
             r => r.map_err(Into::into),
         }
@@ -866,7 +862,7 @@ impl DiskTier {
                     }
                     Some(e) => {
                         if let Some(tmp) = &p.tmp {
-                            let _ = fs::remove_file(tmp);
+                            let _ = iofs::remove_file(tmp);
                         }
                         self.stats.write_failures.fetch_add(1, Ordering::Relaxed);
                         let _ = crate::failure::warn_limited(
@@ -1054,7 +1050,7 @@ impl DiskTier {
             "block {} failed its {what} check: treated as a miss and removed",
             hex(id)
         );
-        let _ = fs::remove_file(path);
+        let _ = iofs::remove_file(path);
         Ok(None)
     }
 
@@ -1074,10 +1070,8 @@ impl DiskTier {
                 continue;
             }
             let path = self.path_of(id);
-            if let Ok(f) = fs::File::open(&path) {
-                if f.set_modified(SystemTime::now()).is_ok() {
-                    seen.insert(*id, now);
-                }
+            if iofs::set_modified(&path, SystemTime::now()).is_ok() {
+                seen.insert(*id, now);
             }
         }
     }
@@ -1096,9 +1090,7 @@ impl DiskTier {
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let mut seen = self.touched.lock().unwrap_or_else(|e| e.into_inner());
         for id in ids {
-            if let Ok(f) = fs::File::open(self.path_of(id)) {
-                let _ = f.set_modified(when);
-            }
+            let _ = iofs::set_modified(&self.path_of(id), when);
             seen.remove(id);
         }
     }
@@ -1124,7 +1116,7 @@ impl DiskTier {
     fn gather(&self) -> Vec<(SystemTime, PathBuf, u64)> {
         let mut out = Vec::new();
         let dirs = |p: &Path| {
-            fs::read_dir(p)
+            iofs::read_dir(p)
                 .into_iter()
                 .flatten()
                 .flatten()
@@ -1138,7 +1130,7 @@ impl DiskTier {
         };
         for (a, ap) in dirs(&self.cfg.dir.join("blocks")) {
             for (b, bp) in dirs(&ap) {
-                for f in fs::read_dir(&bp).into_iter().flatten().flatten() {
+                for f in iofs::read_dir(&bp).into_iter().flatten().flatten() {
                     let Some(name) = f.file_name().to_str().map(String::from) else {
                         continue;
                     };
@@ -1185,7 +1177,7 @@ impl DiskTier {
         self.forget_all();
         let mut deleted = 0;
         for (_, p, _) in self.gather() {
-            if fs::remove_file(&p).is_ok() {
+            if iofs::remove_file(&p).is_ok() {
                 deleted += 1;
             }
         }
@@ -1265,7 +1257,7 @@ impl DiskTier {
         let mut deleted = 0;
         for (_, p, _) in files.iter().take(k) {
             // A file already gone (another GC, another machine) is fine.
-            if fs::remove_file(p).is_ok() {
+            if iofs::remove_file(p).is_ok() {
                 deleted += 1;
             }
         }
@@ -1317,7 +1309,7 @@ impl DiskTier {
     fn release_lease(&self, text: &str) {
         let path = self.lease_path();
         if paths::read_marker(&path).ok().flatten().as_deref() == Some(text) {
-            let _ = fs::remove_file(&path);
+            let _ = iofs::remove_file(&path);
         }
     }
 }

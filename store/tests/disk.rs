@@ -625,3 +625,112 @@ fn a_read_session_reuses_files_and_headers() {
     assert_eq!(got[0].as_slice(), shard_bytes(GEO, 2, 3));
     assert!(t.read_shards(&id(2), &[3]).unwrap().is_none());
 }
+
+/// Every file-system call of the disk tier goes through the HAL's seam, so
+/// a fault reaches each: a failed rename (named temporary files) publishes
+/// nothing and leaves no temporary file; a failed removal in GC deletes
+/// nothing and GC goes on with the rest; a failed listing or directory
+/// creation makes the open fail with the call named; a failed touch loses
+/// only the touch.
+#[test]
+fn a_fault_at_each_file_system_call_is_reported_or_absorbed() {
+    // Rename: the named-temporary-file path publishes by rename.
+    let dir = tempfile::tempdir().unwrap();
+    let t = open_with(dir.path(), GEO, 100, false);
+    {
+        let _g = faults::inject(FaultRule::errno(
+            dir.path().join("blocks"),
+            FaultOp::Rename,
+            libc::EIO,
+        ));
+        let err = t.write_block(&id(1), shards(GEO, 1)).unwrap_err();
+        assert!(matches!(&err, StoreError::Fs { op: "rename", .. }), "{err}");
+    }
+    assert!(!t.exists(&id(1)));
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+    t.write_block(&id(1), shards(GEO, 1)).unwrap();
+    assert!(check_block(&t, GEO, 1));
+
+    // Remove: GC keeps going past a file it cannot delete.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = DiskConfig::new(dir.path(), GEO, 4);
+    cfg.low_watermark = 1;
+    cfg.gc_every = 0;
+    let t = DiskTier::open(cfg, engine()).unwrap();
+    for n in 0..6u64 {
+        t.write_block(&id(n), shards(GEO, n)).unwrap();
+    }
+    let stuck = t.path_of(&id(0));
+    {
+        let _g = faults::inject(FaultRule::errno(&stuck, FaultOp::Remove, libc::EACCES));
+        let r = t.gc();
+        assert_eq!(r.found, 6);
+        assert!(r.deleted >= 4, "{r:?}");
+        assert!(
+            t.exists(&id(0)),
+            "the block whose removal failed stays whole"
+        );
+        assert!(check_block(&t, GEO, 0));
+    }
+
+    // List: clearing temporary files at open lists `tmp`.
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), GEO, 10));
+    {
+        let _g = faults::inject(FaultRule::errno(
+            dir.path().join("tmp"),
+            FaultOp::List,
+            libc::EIO,
+        ));
+        let Err(err) = DiskTier::open(DiskConfig::new(dir.path(), GEO, 10), engine()) else {
+            panic!("opened over a failed listing");
+        };
+        assert!(matches!(&err, StoreError::Fs { op: "list", .. }), "{err}");
+    }
+    drop(open(dir.path(), GEO, 10));
+
+    // Mkdir: a store that cannot make its directories does not open.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    {
+        let _g = faults::inject(FaultRule::errno(&root, FaultOp::Mkdir, libc::ENOSPC));
+        let Err(err) = DiskTier::open(DiskConfig::new(&root, GEO, 10), engine()) else {
+            panic!("opened without its directories");
+        };
+        assert!(
+            matches!(
+                &err,
+                StoreError::Fs {
+                    op: "create directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    drop(open(&root, GEO, 10));
+
+    // Touch: a failed touch leaves the block as it was.
+    let mut cfg = DiskConfig::new(&root, GEO, 10);
+    cfg.touch_interval = Duration::ZERO;
+    let t = DiskTier::open(cfg, engine()).unwrap();
+    t.write_block(&id(7), shards(GEO, 7)).unwrap();
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    fs::File::open(t.path_of(&id(7)))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let mtime = || fs::metadata(t.path_of(&id(7))).unwrap().modified().unwrap();
+    {
+        let _g = faults::inject(FaultRule::errno(
+            t.path_of(&id(7)),
+            FaultOp::Touch,
+            libc::EROFS,
+        ));
+        t.touch(&[id(7)]);
+        assert_eq!(mtime(), old);
+    }
+    t.touch(&[id(7)]);
+    assert!(mtime() > old);
+    assert!(check_block(&t, GEO, 7));
+}

@@ -31,6 +31,18 @@ pub enum FaultOp {
     /// Naming an unnamed file through [`IoFile::link_as`](crate::io::IoFile::link_as)
     /// (the rule's path is matched against the new name).
     Link,
+    /// Renaming through [`fs::rename`](crate::io::fs::rename) (the rule's
+    /// path is matched against the destination).
+    Rename,
+    /// Removing a file through [`fs::remove_file`](crate::io::fs::remove_file).
+    Remove,
+    /// Listing a directory through [`fs::read_dir`](crate::io::fs::read_dir).
+    List,
+    /// Making a directory through [`fs::create_dir_all`](crate::io::fs::create_dir_all).
+    Mkdir,
+    /// Setting a file's modification time through
+    /// [`fs::set_modified`](crate::io::fs::set_modified).
+    Touch,
 }
 
 /// What a matched operation gets.

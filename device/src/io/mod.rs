@@ -20,6 +20,7 @@ pub mod buf;
 pub mod dir;
 pub mod faults;
 pub mod file;
+pub mod fs;
 mod posix;
 pub mod small;
 #[cfg(feature = "io-uring")]
