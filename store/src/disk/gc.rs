@@ -1,0 +1,290 @@
+//! The disk tier's GC and ageing: mtimes as recency (touch, cool), the
+//! global oldest-first collection under a lease, enumeration and eviction.
+
+use super::*;
+
+/// Whether a lease's text (`<writer> <until, ms since the epoch> <n>`)
+/// no longer holds at `now`: past its time, its writer (of this host)
+/// dead, or not a lease at all (a damaged file must not block GC).
+pub(super) fn lease_expired(text: &str, now: Duration) -> bool {
+    let mut parts = text.split_whitespace();
+    let (Some(writer), Some(until)) = (parts.next(), parts.next()) else {
+        return true;
+    };
+    let Ok(until) = until.parse::<u128>() else {
+        return true;
+    };
+    until <= now.as_millis() || paths::writer_alive(writer) == Some(false)
+}
+
+pub(super) fn parse_hex(s: &str) -> Option<BlockId> {
+    if s.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(id)
+}
+
+impl DiskTier {
+    /// A hotness pulse: refreshes the mtime of the blocks present, at most
+    /// once per `touch_interval` each. Never a pin.
+    pub fn touch(&self, ids: &[BlockId]) {
+        let now = Instant::now();
+        let mut seen = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() > 1 << 16 {
+            seen.retain(|_, t| now.duration_since(*t) < self.cfg.touch_interval);
+        }
+        for id in ids {
+            if seen
+                .get(id)
+                .is_some_and(|t| now.duration_since(*t) < self.cfg.touch_interval)
+            {
+                continue;
+            }
+            let path = self.path_of(id);
+            if iofs::set_modified(&path, SystemTime::now()).is_ok() {
+                seen.insert(*id, now);
+            }
+        }
+    }
+
+    /// The opposite of [`DiskTier::touch`]: sets the mtime of the blocks
+    /// present into the past, [`COLD_BACKDATE`] for `level` 0 and one
+    /// sixteenth less per level above (levels above 15 count as 15), so
+    /// that GC (oldest first) deletes them before any block written or
+    /// touched within that span, lower levels first, each level in the
+    /// order its blocks were written. A later `touch` (a hit) makes a
+    /// block current again.
+    pub fn cool(&self, ids: &[BlockId], level: u8) {
+        let back = COLD_BACKDATE / 16 * (16 - u32::from(level.min(15)));
+        let when = SystemTime::now()
+            .checked_sub(back)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut seen = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            let _ = iofs::set_modified(&self.path_of(id), when);
+            seen.remove(id);
+        }
+    }
+
+    /// The fan-out directories `blocks/ab/cd` of `parent`, made 0700 and
+    /// never through a link. Adds to `dirs` each directory whose entries
+    /// this call changed (the parent of a directory it created).
+    pub(super) fn fanout(&self, parent: &Path, dirs: &mut Vec<PathBuf>) -> Result<()> {
+        for d in [parent.parent(), Some(parent)].into_iter().flatten() {
+            if paths::ensure_dir(d)? {
+                if let Some(above) = d.parent() {
+                    add_dir(dirs, above);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every block file with its mtime and length (a global walk of
+    /// `blocks/`). Only what the store names is seen: real directories of
+    /// two hex digits, regular files `<32 hex>.blk` in the directory their
+    /// name belongs in; links are never followed.
+    pub(super) fn gather(&self) -> Vec<(SystemTime, PathBuf, u64)> {
+        let mut out = Vec::new();
+        let dirs = |p: &Path| {
+            iofs::read_dir(p)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| {
+                    let n = e.file_name().to_str()?.to_string();
+                    (n.len() == 2 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+                        .then_some((n, e.path()))
+                })
+                .collect::<Vec<_>>()
+        };
+        for (a, ap) in dirs(&self.cfg.dir.join("blocks")) {
+            for (b, bp) in dirs(&ap) {
+                for f in iofs::read_dir(&bp).into_iter().flatten().flatten() {
+                    let Some(name) = f.file_name().to_str().map(String::from) else {
+                        continue;
+                    };
+                    let well_named = name.len() == 36
+                        && name.ends_with(".blk")
+                        && name[..4] == format!("{a}{b}")
+                        && parse_hex(&name[..32]).is_some();
+                    if !well_named {
+                        continue;
+                    }
+                    if let Ok(m) = f.metadata() {
+                        if m.file_type().is_file() {
+                            if let Ok(t) = m.modified() {
+                                out.push((t, f.path(), m.len()));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every block id on disk, from the file names (for warm restarts).
+    /// Files whose names are not block ids are skipped.
+    pub fn enumerate(&self) -> Vec<BlockId> {
+        let full = self.file_bytes();
+        self.gather()
+            .into_iter()
+            .filter(|(_, _, len)| *len == full)
+            .filter_map(|(_, p, _)| {
+                let stem = p.file_stem()?.to_str()?;
+                parse_hex(stem)
+            })
+            .collect()
+    }
+
+    /// Deletes every block file (an eviction storm: another machine's GC,
+    /// an operator clearing the tier). Returns how many files it removed;
+    /// a file already gone is not counted. Readers then miss, never read a
+    /// partial block.
+    pub fn evict_all(&self) -> u64 {
+        let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.forget_all();
+        let mut deleted = 0;
+        for (_, p, _) in self.gather() {
+            if iofs::remove_file(&p).is_ok() {
+                deleted += 1;
+            }
+        }
+        self.stats.gc_deleted.fetch_add(deleted, Ordering::Relaxed);
+        deleted
+    }
+
+    /// Counts the directory's files after enough writes (see
+    /// [`DiskConfig::gc_every`]) and collects when they are too many. Runs
+    /// on the writing thread (a store worker), never on the engine's.
+    pub(super) fn after_writes(&self, n: u64) {
+        if self.cfg.gc_every == 0 || n == 0 {
+            return;
+        }
+        let since = self.writes_since.fetch_add(n, Ordering::Relaxed) + n;
+        let estimate = self.last_found.load(Ordering::Relaxed) + since;
+        if since < self.cfg.gc_every && estimate <= self.cfg.high_watermark {
+            return;
+        }
+        let r = self.gc();
+        if r.deleted > 0 || r.leased_elsewhere {
+            log::debug!(
+                "disk tier {}: {} block files, {} deleted{}",
+                self.cfg.dir.display(),
+                r.found,
+                r.deleted,
+                if r.leased_elsewhere {
+                    " (another tier holds the GC lease)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+
+    /// One GC pass over the directory (every tier that shares it, of this
+    /// process or others): when more than the high watermark of blocks
+    /// exist, deletes the oldest (by mtime) until the low watermark remains.
+    ///
+    /// Tiers sharing a directory (instances on a shared file system) enforce
+    /// its one capacity without a server: a pass that finds too many files
+    /// first takes the lease `gc.lease` in the directory (created by a hard
+    /// link, so one tier gets it; another may take it over only once it has
+    /// expired, [`DiskConfig::gc_lease`], or its writer on this host is
+    /// dead). A pass that cannot get it deletes nothing
+    /// ([`GcReport::leased_elsewhere`]): the holder collects. Readers never
+    /// lock: a file unlinked under a reader stays readable to it (and is
+    /// the block's bytes: blocks are content-addressed); a later open misses.
+    pub fn gc(&self) -> GcReport {
+        let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut files = self.gather();
+        let found = files.len() as u64;
+        self.last_found.store(found, Ordering::Relaxed);
+        self.writes_since.store(0, Ordering::Relaxed);
+        if found <= self.cfg.high_watermark {
+            return GcReport {
+                found,
+                ..GcReport::default()
+            };
+        }
+        let Some(lease) = self.take_lease() else {
+            // The holder collects down to the low watermark: count again
+            // only after this tier's next writes.
+            self.last_found
+                .store(self.cfg.low_watermark, Ordering::Relaxed);
+            return GcReport {
+                found,
+                deleted: 0,
+                leased_elsewhere: true,
+            };
+        };
+        self.forget_all();
+        let k = (found - self.cfg.low_watermark) as usize;
+        if k < files.len() {
+            files.select_nth_unstable_by_key(k, |(t, _, _)| *t);
+        }
+        let mut deleted = 0;
+        for (_, p, _) in files.iter().take(k) {
+            // A file already gone (another GC, another machine) is fine.
+            if iofs::remove_file(p).is_ok() {
+                deleted += 1;
+            }
+        }
+        self.release_lease(&lease);
+        self.stats.gc_deleted.fetch_add(deleted, Ordering::Relaxed);
+        self.last_found.store(found - deleted, Ordering::Relaxed);
+        GcReport {
+            found,
+            deleted,
+            leased_elsewhere: false,
+        }
+    }
+
+    pub(super) fn lease_path(&self) -> PathBuf {
+        self.cfg.dir.join("gc.lease")
+    }
+
+    /// Takes the GC lease of the directory; returns its text (ours) or
+    /// `None` when another live, unexpired holder has it.
+    pub(super) fn take_lease(&self) -> Option<String> {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        let until = now + self.cfg.gc_lease;
+        let text = format!(
+            "{} {} {}",
+            paths::writer_id(),
+            until.as_millis(),
+            paths::next_nonce()
+        );
+        let (path, tmp) = (self.lease_path(), self.cfg.dir.join("tmp"));
+        let held = match paths::create_marker(&path, &tmp, &text) {
+            Ok(true) => true,
+            // Held: taken over only when expired or its writer is dead, by
+            // an atomic replace; re-read, since a racing taker may have
+            // replaced it after us.
+            Ok(false) => {
+                let theirs = paths::read_marker(&path).ok().flatten().unwrap_or_default();
+                lease_expired(&theirs, now)
+                    && paths::replace_marker(&path, &tmp, &text).is_ok()
+                    && paths::read_marker(&path).ok().flatten().as_deref() == Some(text.as_str())
+            }
+            Err(_) => false,
+        };
+        held.then_some(text)
+    }
+
+    /// Gives the lease back if it is still ours.
+    pub(super) fn release_lease(&self, text: &str) {
+        let path = self.lease_path();
+        if paths::read_marker(&path).ok().flatten().as_deref() == Some(text) {
+            let _ = iofs::remove_file(&path);
+        }
+    }
+}
