@@ -1,6 +1,7 @@
 //! The remote tiers: blocks on storage that many engine instances (on many
 //! machines) share, below the disk tier: a Redis or Valkey cluster
-//! ([`redis`]) and S3-compatible object storage ([`s3`], the cold tier).
+//! (`redis.rs`, feature `redis`) and S3-compatible object storage (`s3.rs`,
+//! feature `s3`, the cold tier).
 //! One layout and one check for both; a backend only moves keys and bytes.
 //!
 //! **Layout.** Every block carries the disk tier's block-file header (one
@@ -32,8 +33,8 @@
 //!
 //! **Faults.** Every call is bounded by the configured timeout. A backend
 //! that is down or slow makes lookups and reads miss (and counts the error)
-//! and writes fail with a typed error ([`StoreError::Remote`],
-//! [`StoreError::ObjectStore`], [`StoreError::Timeout`]).
+//! and writes fail with a typed error (`StoreError::Remote` with feature
+//! `redis`, `StoreError::ObjectStore` with `s3`, [`StoreError::Timeout`]).
 
 #[cfg(feature = "redis")]
 mod redis;
