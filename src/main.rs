@@ -395,10 +395,11 @@ struct DeviceArgs {
     /// Print one JSON record per case (JSON lines) on stdout.
     #[arg(long)]
     json: bool,
-    /// Backend: host, cuda or ascend (the last two need their features).
+    /// The device: host, cuda[:N] or npu[:N] (also ascend[:N]); the last
+    /// two need their features.
     #[arg(long, default_value = "host")]
     device: String,
-    /// Accelerator index (cuda, ascend).
+    /// Accelerator index where `--device` names none.
     #[arg(long, default_value_t = 0)]
     #[cfg_attr(not(any(feature = "cuda", feature = "ascend")), allow(dead_code))]
     index: i32,
@@ -1100,8 +1101,19 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
     let progress = |line: &str| eprintln!("{line}");
     let err = |e: ucm::device::DeviceError| e.to_string();
     let mut records = Vec::new();
-    match a.device.as_str() {
-        "host" => {
+    let spec: ucm::device::DeviceSpec = a.device.parse().map_err(|e| format!("--device: {e}"))?;
+    // An ordinal in the name wins over --index.
+    #[cfg_attr(
+        not(any(feature = "cuda", feature = "ascend")),
+        allow(unused_variables)
+    )]
+    let ordinal = if a.device.contains(':') {
+        spec.ordinal()
+    } else {
+        u32::try_from(a.index).map_err(|_| format!("--index {} is negative", a.index))?
+    };
+    match spec {
+        ucm::device::DeviceSpec::Host => {
             let dev = HostDevice::new();
             let raw = |d: &Memory, s: &Memory, n: usize| dev.raw_copy(d, s, n);
             records.extend(devbench::run(&dev, &raw, &cfg, progress).map_err(err)?);
@@ -1123,8 +1135,8 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             );
         }
         #[cfg(feature = "cuda")]
-        "cuda" => {
-            let dev = ucm::device::accel::cuda::CudaDevice::new(a.index as usize).map_err(err)?;
+        ucm::device::DeviceSpec::Cuda(_) => {
+            let dev = ucm::device::accel::cuda::CudaDevice::new(ordinal as usize).map_err(err)?;
             if let Some((path, double)) = ucm::device::accel::cuda::preloaded() {
                 progress(&if double {
                     format!(
@@ -1158,12 +1170,13 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
             );
         }
         #[cfg(feature = "ascend")]
-        "ascend" => {
-            let dev = ucm::device::accel::ascend::AscendDevice::new(a.index).map_err(err)?;
+        ucm::device::DeviceSpec::Npu(_) => {
+            let dev = ucm::device::accel::ascend::AscendDevice::new(ordinal as i32).map_err(err)?;
             let chunk = cfg.chunk;
             let raw = |d: &Memory, s: &Memory, n: usize| dev.raw_copy(d, s, n, chunk);
             records.extend(devbench::run(&dev, &raw, &cfg, progress).map_err(err)?);
         }
+        #[allow(unreachable_patterns)]
         other => {
             let mut built = vec!["host"];
             if cfg!(feature = "cuda") {
@@ -1173,7 +1186,7 @@ fn bench_device(a: DeviceArgs) -> Result<(), String> {
                 built.push("ascend");
             }
             return Err(format!(
-                "device {other:?} is not available in this build (built: {})",
+                "device `{other}` is not available in this build (built: {})",
                 built.join(", ")
             ));
         }

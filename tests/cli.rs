@@ -210,7 +210,16 @@ fn bench_device_on_the_host_prints_one_record_per_case() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available in this build"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`tpu`: unknown kind"));
+    if !cfg!(feature = "ascend") {
+        let out = ucm()
+            .args(["bench", "device", "--device", "npu:1"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr)
+            .contains("device `npu:1` is not available in this build"));
+    }
 }
 
 #[cfg(feature = "cuda")]

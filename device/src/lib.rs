@@ -24,6 +24,7 @@ pub mod error;
 pub mod io;
 
 pub use accel::host::HostDevice;
+pub use accel::spec::{DeviceNameError, DeviceNameProblem, DeviceSpec};
 pub use accel::{
     probe_devices, BackendStatus, CopyKind, CopyRun, Device, DeviceId, MemKind, Memory,
 };

@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
+use ucm_device::{DeviceNameProblem, DeviceSpec};
 
 use ucm_coordinator::adapter::{
     Allocation, ConnectorMeta, EngineRequest, Finished, GroupCounters, LayerRegistration,
@@ -39,23 +40,22 @@ pub enum Backend {
 
 impl Backend {
     /// The backend of a tensor device string as torch writes it (`cpu`,
-    /// `cuda`, `cuda:1`). Ascend (`npu`) is refused until its import path is
+    /// `cuda`, `cuda:1`), parsed by the HAL's one device-name parser
+    /// ([`DeviceSpec`]). Ascend (`npu`) is refused until its import path is
     /// built.
     pub fn parse(device: &str) -> Result<Backend> {
-        let (kind, index) = match device.split_once(':') {
-            Some((k, i)) => (
-                k,
-                i.parse::<usize>()
-                    .map_err(|_| FfiError::Invalid(format!("device `{device}`: bad index")))?,
-            ),
-            None => (device, 0),
-        };
-        match kind {
-            "cpu" => Ok(Backend::Host),
-            "cuda" => Ok(Backend::Cuda(index)),
-            _ => Err(FfiError::Unsupported(format!(
-                "device `{device}`: this build moves host (`cpu`) and `cuda` memory only"
+        match device.parse::<DeviceSpec>() {
+            Ok(DeviceSpec::Host) => Ok(Backend::Host),
+            Ok(DeviceSpec::Cuda(i)) => Ok(Backend::Cuda(i as usize)),
+            Ok(d @ DeviceSpec::Npu(_)) => Err(FfiError::Unsupported(format!(
+                "device `{d}`: this build moves host (`cpu`) and `cuda` memory only"
             ))),
+            // A kind no backend has may be a device this build does not
+            // carry: unsupported, as a known one without its feature.
+            Err(e) if e.why == DeviceNameProblem::UnknownKind => {
+                Err(FfiError::Unsupported(e.to_string()))
+            }
+            Err(e) => Err(FfiError::Invalid(e.to_string())),
         }
     }
 }

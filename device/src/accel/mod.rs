@@ -16,6 +16,7 @@ pub mod ascend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host;
+pub mod spec;
 #[cfg(any(feature = "cuda", feature = "ascend"))]
 mod sticky;
 mod stream_copy;
