@@ -232,3 +232,33 @@ fn c_program_with_no_disk_is_served_through_the_cold_tier() {
     s3_server::credentials();
     tiers_round_trip("-", &s3.url("c-abi"));
 }
+
+/// The C quick start of `docs/embedding.md` compiles and runs as written.
+#[test]
+fn the_c_quick_start_in_the_docs_runs() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(manifest.join("../docs/embedding.md")).unwrap();
+    let start = doc.find("```c\n").expect("a C block in docs/embedding.md") + 5;
+    let end = start + doc[start..].find("```").expect("the block ends");
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("quick.c");
+    std::fs::write(&src, &doc[start..end]).unwrap();
+    let lib = lib_dir();
+    let exe = dir.path().join("quick");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
+        .arg(manifest.join("include"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lucm_ffi")
+        .status()
+        .unwrap_or_else(|e| panic!("{cc}: {e}"));
+    assert!(st.success(), "compiling the quick start failed");
+    let out = run(&exe, &[dir.path().join("store").display().to_string()]);
+    assert!(out.contains("6 blocks, the first id starts"), "{out}");
+    assert!(out.contains("request req-1: 0 tokens from cache"), "{out}");
+}
