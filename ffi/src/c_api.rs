@@ -27,7 +27,7 @@ use ucm_coordinator::adapter::{Allocation, Finished, LoadCause, LoadError, Sched
 use ucm_coordinator::store::SyncMode;
 use ucm_coordinator::{RequestKeys, SpecTable};
 
-use crate::error::{FfiError, Result};
+use crate::error::{ArgProblem, FfiError, Result};
 use crate::runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, WorkerSide};
 
 pub use crate::status::*;
@@ -89,8 +89,11 @@ fn guard(f: impl FnOnce() -> Result<()>) -> i32 {
     }
 }
 
-fn invalid(msg: impl Into<String>) -> FfiError {
-    FfiError::Invalid(msg.into())
+fn arg(name: impl Into<String>, problem: ArgProblem) -> FfiError {
+    FfiError::Argument {
+        name: name.into(),
+        problem,
+    }
 }
 
 /// A NUL-terminated UTF-8 string argument.
@@ -99,12 +102,12 @@ fn invalid(msg: impl Into<String>) -> FfiError {
 /// A non-NULL `p` must point to a NUL-terminated string.
 unsafe fn str_arg<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
     if p.is_null() {
-        return Err(invalid(format!("`{what}` is NULL")));
+        return Err(arg(what, ArgProblem::Null));
     }
     // SAFETY: non-NULL and, by this function's contract, NUL-terminated.
     unsafe { CStr::from_ptr(p) }
         .to_str()
-        .map_err(|_| invalid(format!("`{what}` is not UTF-8")))
+        .map_err(|_| arg(what, ArgProblem::NotUtf8))
 }
 
 /// An optional string argument: NULL is `None`.
@@ -130,14 +133,14 @@ unsafe fn slice_arg<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]>
         return Ok(&[]);
     }
     if p.is_null() {
-        return Err(invalid(format!("`{what}` is NULL with a length of {n}")));
+        return Err(arg(what, ArgProblem::NullWithLength { len: n }));
     }
     if (p as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(invalid(format!("`{what}` is misaligned")));
+        return Err(arg(what, ArgProblem::Misaligned));
     }
     match n.checked_mul(std::mem::size_of::<T>()) {
         Some(b) if b <= isize::MAX as usize && (p as usize).checked_add(b).is_some() => {}
-        _ => return Err(invalid(format!("`{what}`: a length of {n} overflows"))),
+        _ => return Err(arg(what, ArgProblem::LengthOverflows { len: n })),
     }
     // SAFETY: non-NULL, aligned, the byte size fits in isize and does not
     // wrap the address space; validity of the items is the caller's part.
@@ -150,10 +153,10 @@ unsafe fn slice_arg<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]>
 /// A non-NULL `p` must be valid for a write of `T`.
 unsafe fn out_arg<T>(p: *mut T, what: &str, v: T) -> Result<()> {
     if p.is_null() {
-        return Err(invalid(format!("`{what}` is NULL")));
+        return Err(arg(what, ArgProblem::Null));
     }
     if (p as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(invalid(format!("`{what}` is misaligned")));
+        return Err(arg(what, ArgProblem::Misaligned));
     }
     // SAFETY: non-NULL, aligned, writable by this function's contract.
     unsafe { p.write(v) };
@@ -166,10 +169,10 @@ unsafe fn out_arg<T>(p: *mut T, what: &str, v: T) -> Result<()> {
 /// A non-NULL `p` must be a live handle of this library of type `T`.
 unsafe fn handle<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
     if p.is_null() {
-        return Err(invalid(format!("`{what}` is NULL")));
+        return Err(arg(what, ArgProblem::Null));
     }
     if (p as usize) % std::mem::align_of::<T>() != 0 {
-        return Err(invalid(format!("`{what}` is not a handle (misaligned)")));
+        return Err(arg(what, ArgProblem::NotAHandle));
     }
     // SAFETY: a live handle by this function's contract.
     Ok(unsafe { &*p })
@@ -335,7 +338,7 @@ pub unsafe extern "C" fn ucm_spec_from_toml(
     guard(|| {
         // SAFETY: the caller's contract.
         let bytes = unsafe { slice_arg(toml, len, "toml") }?;
-        let text = std::str::from_utf8(bytes).map_err(|_| invalid("`toml` is not UTF-8"))?;
+        let text = std::str::from_utf8(bytes).map_err(|_| arg("toml", ArgProblem::NotUtf8))?;
         let spec = SpecTable::from_toml(text)?;
         // SAFETY: the caller's contract.
         unsafe { out_arg(out, "out", Box::into_raw(Box::new(UcmSpec(spec)))) }
@@ -464,7 +467,7 @@ pub unsafe extern "C" fn ucm_block_ids(
         let flat: Vec<u8> = ids.concat();
         if !flat.is_empty() {
             if out_ids.is_null() {
-                return Err(invalid("`out_ids` is NULL"));
+                return Err(arg("out_ids", ArgProblem::Null));
             }
             // SAFETY: non-NULL, writable for cap*16 >= flat.len() bytes by
             // the caller's contract; u8 needs no alignment.
@@ -505,7 +508,7 @@ pub unsafe extern "C" fn ucm_checkpoint_hash(
         };
         let id = crate::hashing::checkpoint(&s.0, tp_size, &keys, toks, g, rank, position)?;
         if out.is_null() {
-            return Err(invalid("`out` is NULL"));
+            return Err(arg("out", ArgProblem::Null));
         }
         // SAFETY: non-NULL and writable for 16 bytes by the contract.
         unsafe { std::ptr::copy_nonoverlapping(id.as_ptr(), out, 16) };
@@ -537,10 +540,15 @@ pub unsafe extern "C" fn ucm_cache_open(
             co.lookahead = o.lookahead as usize;
         }
         if o.pool_bytes > 0 {
-            co.store.pool_bytes = Some(
-                usize::try_from(o.pool_bytes)
-                    .map_err(|_| invalid("`opts.pool_bytes` too large"))?,
-            );
+            co.store.pool_bytes = Some(usize::try_from(o.pool_bytes).map_err(|_| {
+                arg(
+                    "opts.pool_bytes",
+                    ArgProblem::OutOfRange {
+                        value: o.pool_bytes.to_string(),
+                        expected: "at most usize::MAX",
+                    },
+                )
+            })?);
         }
         if o.disk_blocks > 0 {
             co.store.disk_blocks = o.disk_blocks;
@@ -555,15 +563,27 @@ pub unsafe extern "C" fn ucm_cache_open(
         co.store.no_disk = match o.no_disk {
             0 => false,
             1 => true,
-            other => return Err(invalid(format!("`opts.no_disk` {other} (expected 0 or 1)"))),
+            other => {
+                return Err(arg(
+                    "opts.no_disk",
+                    ArgProblem::OutOfRange {
+                        value: other.to_string(),
+                        expected: "0 or 1",
+                    },
+                ))
+            }
         };
         co.store.sync = match o.sync_mode {
             UCM_SYNC_AUTO => SyncMode::Auto,
             UCM_SYNC_FILES => SyncMode::Files,
             other => {
-                return Err(invalid(format!(
-                    "`opts.sync_mode` {other} (expected UCM_SYNC_AUTO or UCM_SYNC_FILES)"
-                )))
+                return Err(arg(
+                    "opts.sync_mode",
+                    ArgProblem::OutOfRange {
+                        value: other.to_string(),
+                        expected: "UCM_SYNC_AUTO or UCM_SYNC_FILES",
+                    },
+                ))
             }
         };
         let cache = Cache::open(s.0.clone(), co)?;
@@ -608,7 +628,7 @@ pub unsafe extern "C" fn ucm_cache_metrics(
             return Err(FfiError::Buffer(format!("{cap} bytes for {n}")));
         }
         if buf.is_null() {
-            return Err(invalid("`buf` is NULL"));
+            return Err(arg("buf", ArgProblem::Null));
         }
         // SAFETY: non-NULL, writable for cap >= n bytes by the contract.
         unsafe {
@@ -712,10 +732,13 @@ unsafe fn alloc_arg(num_groups: usize, gs: &[UcmGroupAlloc]) -> Result<Allocatio
     let mut alloc = Allocation::default();
     for (i, g) in gs.iter().enumerate() {
         if g.group as usize >= num_groups {
-            return Err(invalid(format!(
-                "groups[{i}]: group {} of a spec of {num_groups}",
-                g.group
-            )));
+            return Err(arg(
+                format!("groups[{i}].group"),
+                ArgProblem::OutOfRange {
+                    value: g.group.to_string(),
+                    expected: "a group of the spec",
+                },
+            ));
         }
         // SAFETY: the caller's contract.
         let b = unsafe { slice_arg(g.blocks, g.n_blocks, &format!("groups[{i}].blocks")) }?;
@@ -727,7 +750,15 @@ unsafe fn alloc_arg(num_groups: usize, gs: &[UcmGroupAlloc]) -> Result<Allocatio
             s if (0..=u32::MAX as i64).contains(&s) => {
                 alloc.state_slots.insert(g.group as usize, s as u32);
             }
-            s => return Err(invalid(format!("groups[{i}]: state slot {s}"))),
+            s => {
+                return Err(arg(
+                    format!("groups[{i}].state_slot"),
+                    ArgProblem::OutOfRange {
+                        value: s.to_string(),
+                        expected: "-1 or a slot index",
+                    },
+                ))
+            }
         }
     }
     Ok(alloc)
@@ -1043,10 +1074,10 @@ pub unsafe extern "C" fn ucm_worker_load_errors(
         // SAFETY: the caller's contract.
         let w = unsafe { handle(w, "worker") }?;
         if cap > 0 && out.is_null() {
-            return Err(invalid("`out` is NULL"));
+            return Err(arg("out", ArgProblem::Null));
         }
         if cap > 0 && (out as usize) % std::mem::align_of::<UcmLoadError>() != 0 {
-            return Err(invalid("`out` is misaligned"));
+            return Err(arg("out", ArgProblem::Misaligned));
         }
         let mut st = lock(&w.0);
         let fresh = st.side.block_ids_with_load_errors();
@@ -1126,10 +1157,15 @@ pub unsafe extern "C" fn ucm_finished_count(
     guard(|| {
         // SAFETY: the caller's contract.
         let f = unsafe { handle(f, "finished") }?;
-        let l = f
-            .lists
-            .get(which as usize)
-            .ok_or_else(|| invalid(format!("list {which}")))?;
+        let l = f.lists.get(which as usize).ok_or_else(|| {
+            arg(
+                "which",
+                ArgProblem::OutOfRange {
+                    value: which.to_string(),
+                    expected: "a list of the finished set",
+                },
+            )
+        })?;
         // SAFETY: the caller's contract.
         unsafe { out_arg(out, "out", l.len()) }
     })
@@ -1153,7 +1189,15 @@ pub unsafe extern "C" fn ucm_finished_id(
             .lists
             .get(which as usize)
             .and_then(|l| l.get(i))
-            .ok_or_else(|| invalid(format!("item {i} of list {which}")))?;
+            .ok_or_else(|| {
+                arg(
+                    "i",
+                    ArgProblem::OutOfRange {
+                        value: i.to_string(),
+                        expected: "an item of the list",
+                    },
+                )
+            })?;
         // SAFETY: the caller's contract.
         unsafe { out_arg(out, "out", id.as_ptr()) }
     })

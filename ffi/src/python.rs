@@ -26,6 +26,8 @@ impl From<FfiError> for PyErr {
     fn from(e: FfiError) -> Self {
         match e {
             FfiError::Invalid(_)
+            | FfiError::Argument { .. }
+            | FfiError::Wire(_)
             | FfiError::Buffer(_)
             | FfiError::Coord(ucm_coordinator::CoordError::Store(
                 ucm_coordinator::store::StoreError::Config(_),

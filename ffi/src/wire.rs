@@ -12,9 +12,9 @@ use std::sync::Arc;
 use ucm_coordinator::adapter::{Allocation, ConnectorMeta, ReqMeta, StateSave};
 use ucm_coordinator::hash::Id;
 use ucm_coordinator::retention::{Priority, MAX_LEVEL};
-use ucm_coordinator::{RequestHashes, SpecTable};
+use ucm_coordinator::{CoordError, RequestHashes, SpecTable};
 
-use crate::error::{FfiError, Result};
+use crate::error::{FfiError, Result, WireError};
 
 const MAGIC: &[u8; 4] = b"UCMM";
 /// 2: each saved state carries its retention priority (a byte: [`SURE`],
@@ -128,8 +128,8 @@ struct Reader<'a> {
     at: usize,
 }
 
-fn bad(why: impl Into<String>) -> FfiError {
-    FfiError::Invalid(format!("step metadata: {}", why.into()))
+fn bad(why: WireError) -> FfiError {
+    FfiError::Wire(why)
 }
 
 impl Reader<'_> {
@@ -138,7 +138,7 @@ impl Reader<'_> {
             .at
             .checked_add(n)
             .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| bad(format!("truncated at byte {}", self.at)))?;
+            .ok_or_else(|| bad(WireError::Truncated { at: self.at }))?;
         let s = &self.buf[self.at..end];
         self.at = end;
         Ok(s)
@@ -162,14 +162,14 @@ impl Reader<'_> {
         let n = self.u32()? as usize;
         let left = self.buf.len() - self.at;
         if n.saturating_mul(item.max(1)) > left {
-            return Err(bad(format!("a count of {n} exceeds the {left} bytes left")));
+            return Err(bad(WireError::CountExceeds { count: n, left }));
         }
         Ok(n)
     }
     fn group(&mut self, spec: &SpecTable) -> Result<usize> {
         let g = self.u32()? as usize;
         if g >= spec.groups().len() {
-            return Err(bad(format!("group {g} is not in the spec table")));
+            return Err(bad(WireError::UnknownGroup { group: g }));
         }
         Ok(g)
     }
@@ -189,11 +189,14 @@ impl Reader<'_> {
 pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
     let mut r = Reader { buf, at: 0 };
     if r.take(4)? != MAGIC {
-        return Err(bad("not UCM step metadata (bad magic)"));
+        return Err(bad(WireError::BadMagic));
     }
     let v = r.u32()?;
     if v != VERSION {
-        return Err(bad(format!("version {v}, this build reads {VERSION}")));
+        return Err(bad(WireError::Version {
+            found: v,
+            reads: VERSION,
+        }));
     }
     let step = r.u64()?;
     let n = r.count(8)?;
@@ -202,7 +205,7 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
     for _ in 0..n {
         let len = r.count(1)?;
         let id = std::str::from_utf8(r.take(len)?)
-            .map_err(|_| bad("a request id is not UTF-8"))?
+            .map_err(|_| bad(WireError::IdNotUtf8))?
             .to_owned();
         let nt = r.count(4)?;
         let mut tokens = Vec::with_capacity(nt);
@@ -211,7 +214,11 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
         }
         let ng = r.count(4)?;
         if ng != groups {
-            return Err(bad(format!("hashes of {ng} groups for a spec of {groups}")));
+            return Err(bad(WireError::GroupCount {
+                what: "hashes",
+                got: ng,
+                groups,
+            }));
         }
         let mut chains = Vec::with_capacity(ng);
         for _ in 0..ng {
@@ -224,7 +231,11 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
         }
         let ns = r.count(4)?;
         if ns != groups {
-            return Err(bad(format!("seeds of {ns} groups for a spec of {groups}")));
+            return Err(bad(WireError::GroupCount {
+                what: "seeds",
+                got: ns,
+                groups,
+            }));
         }
         let mut seeds = Vec::with_capacity(ns);
         for _ in 0..ns {
@@ -249,14 +260,23 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
         let load = match r.u8()? {
             0 => None,
             1 => Some((r.u64()?, r.u64()?)),
-            f => return Err(bad(format!("load flag {f}"))),
+            f => {
+                return Err(bad(WireError::Flag {
+                    what: "load flag",
+                    value: f,
+                }))
+            }
         };
         let mut save_blocks = Vec::new();
         for _ in 0..r.count(20)? {
             let g = r.group(spec)?;
             let (a, b) = (r.u64()? as usize, r.u64()? as usize);
             if a > b || b > tokens.len() {
-                return Err(bad(format!("save range {a}..{b} of request `{id}`")));
+                return Err(bad(WireError::SaveRange {
+                    request: id,
+                    start: a,
+                    end: b,
+                }));
             }
             save_blocks.push((g, a..b));
         }
@@ -265,12 +285,20 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
             let g = r.group(spec)?;
             let p = r.u64()?;
             if p > tokens.len() as u64 {
-                return Err(bad(format!("save position {p} past request `{id}`")));
+                return Err(bad(WireError::SavePosition {
+                    request: id,
+                    position: p,
+                }));
             }
             let priority = match r.u8()? {
                 SURE => Priority::Sure,
                 level if level <= MAX_LEVEL => Priority::Speculative(level),
-                f => return Err(bad(format!("state priority {f}"))),
+                f => {
+                    return Err(bad(WireError::Flag {
+                        what: "state priority",
+                        value: f,
+                    }))
+                }
             };
             save_states.push(StateSave {
                 group: g,
@@ -287,11 +315,16 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
             save_blocks,
             save_states,
         };
-        meta.validate(spec).map_err(|e| bad(e.to_string()))?;
+        meta.validate(spec).map_err(|e| match e {
+            CoordError::BadRequest(r) => bad(WireError::Request(r)),
+            other => FfiError::Coord(other),
+        })?;
         requests.push(meta);
     }
     if r.at != buf.len() {
-        return Err(bad(format!("{} trailing bytes", buf.len() - r.at)));
+        return Err(bad(WireError::Trailing {
+            bytes: buf.len() - r.at,
+        }));
     }
     Ok(Arc::new(ConnectorMeta { step, requests }))
 }
@@ -395,5 +428,33 @@ layers = "1"
         let mut wrong = bytes.clone();
         wrong[0] = b'X';
         assert!(decode(&spec, &wrong).is_err());
+    }
+
+    /// Each failure is a case a caller can match, with its fields.
+    #[test]
+    fn decoding_failures_are_typed() {
+        let spec = SpecTable::from_toml(SPEC).unwrap();
+        let bytes = encode(&sample(&spec));
+        let wire = |b: &[u8]| match decode(&spec, b) {
+            Err(FfiError::Wire(w)) => w,
+            other => panic!("{:?}", other.map(|_| ())),
+        };
+        let mut wrong = bytes.clone();
+        wrong[0] = b'X';
+        assert_eq!(wire(&wrong), WireError::BadMagic);
+        assert_eq!(wire(&bytes[..6]), WireError::Truncated { at: 4 });
+        let mut version = bytes.clone();
+        version[4] = 99;
+        assert_eq!(
+            wire(&version),
+            WireError::Version {
+                found: 99,
+                reads: VERSION
+            }
+        );
+        let mut long = bytes.clone();
+        long.extend_from_slice(&[0, 0, 0]);
+        assert_eq!(wire(&long), WireError::Trailing { bytes: 3 });
+        assert!(FfiError::Wire(WireError::BadMagic).status() == crate::status::UCM_ERR_INVALID);
     }
 }
