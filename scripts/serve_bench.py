@@ -9,8 +9,9 @@ scripts/serve-bench.sh, which does both):
         [--docs 3] [--questions 3] [--json OUT]
 
 The model is a NemotronH-style hybrid (Mamba2 and attention layers, random
-weights, fp32), sized so that prefilling 2-4K tokens takes about a second
-here. The workloads are plain: no prompt is cut to a block or checkpoint
+weights, fp32): prefilling 1.2-1.6K tokens takes 0.4-0.6 s on this 2-core
+machine when it is quiet, 1.7-2.8 s under other load (2-3K tokens: over a
+second). The workloads are plain: no prompt is cut to a block or checkpoint
 grid.
 
 - chat: `--sessions` conversations over one shared system prompt, each of
@@ -57,7 +58,7 @@ sys.path.insert(0, str(HERE))
 
 from vllm_e2e import hit_tokens, seq, sharpen  # noqa: E402
 
-# Prefill of 2-4K tokens takes about a second on this 2-core machine.
+# Prefill of 2-3K tokens takes over a second on this 2-core machine.
 MODEL = {
     "architectures": ["NemotronHForCausalLM"],
     "model_type": "nemotron_h",
