@@ -26,35 +26,40 @@ fn lib_dir() -> PathBuf {
 
 fn build(out: &Path) -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    compile(
+        &manifest.join("tests/c/abi_test.c"),
+        &out.join("abi_test"),
+        &["-D_DEFAULT_SOURCE"],
+    )
+}
+
+/// Compiles the C program `src` against the freshly built library into
+/// `exe`, warnings as errors.
+fn compile(src: &Path, exe: &Path, extra: &[&str]) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let lib = lib_dir();
     assert!(
         lib.join("libucm_ffi.so").exists(),
         "libucm_ffi.so not in {}",
         lib.display()
     );
-    let exe = out.join("abi_test");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let st = Command::new(&cc)
-        .args([
-            "-std=c11",
-            "-D_DEFAULT_SOURCE",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-O1",
-        ])
+        .arg("-std=c11")
+        .args(extra)
+        .args(["-Wall", "-Wextra", "-Werror", "-O1"])
         .arg("-I")
         .arg(manifest.join("include"))
-        .arg(manifest.join("tests/c/abi_test.c"))
+        .arg(src)
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .arg(format!("-L{}", lib.display()))
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-lucm_ffi")
         .status()
         .unwrap_or_else(|e| panic!("{cc}: {e}"));
-    assert!(st.success(), "compiling abi_test.c failed");
-    exe
+    assert!(st.success(), "compiling {} failed", src.display());
+    exe.to_path_buf()
 }
 
 fn run(exe: &Path, args: &[String]) -> String {
@@ -243,21 +248,7 @@ fn the_c_quick_start_in_the_docs_runs() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("quick.c");
     std::fs::write(&src, &doc[start..end]).unwrap();
-    let lib = lib_dir();
-    let exe = dir.path().join("quick");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let st = Command::new(&cc)
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-I"])
-        .arg(manifest.join("include"))
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .arg(format!("-L{}", lib.display()))
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lucm_ffi")
-        .status()
-        .unwrap_or_else(|e| panic!("{cc}: {e}"));
-    assert!(st.success(), "compiling the quick start failed");
+    let exe = compile(&src, &dir.path().join("quick"), &[]);
     let out = run(&exe, &[dir.path().join("store").display().to_string()]);
     assert!(out.contains("6 blocks, the first id starts"), "{out}");
     assert!(out.contains("request req-1: 0 tokens from cache"), "{out}");

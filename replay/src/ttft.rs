@@ -33,21 +33,12 @@ use ucm_harness::StepTiming;
 /// of its loading steps' `loaded / load_wait`. `None` when no step loaded
 /// anything with a measurable wait.
 pub fn load_rate<'a>(steps: impl IntoIterator<Item = &'a StepTiming>) -> Option<f64> {
-    let mut rates: Vec<f64> = steps
+    let rates: Vec<f64> = steps
         .into_iter()
         .filter(|s| s.loaded > 0 && !s.load_wait.is_zero())
         .map(|s| s.loaded as f64 / s.load_wait.as_secs_f64())
         .collect();
-    if rates.is_empty() {
-        return None;
-    }
-    rates.sort_by(f64::total_cmp);
-    let mid = rates.len() / 2;
-    Some(if rates.len() % 2 == 1 {
-        rates[mid]
-    } else {
-        (rates[mid - 1] + rates[mid]) / 2.0
-    })
+    (!rates.is_empty()).then(|| crate::report::median(&rates))
 }
 
 /// Time of a step that computes for `compute_ms` and loads for `load_ms`,
