@@ -23,7 +23,7 @@ use ucm_coordinator::store::{
 };
 use ucm_device::{Device, HostDevice};
 
-use crate::error::{FfiError, Result};
+use crate::error::{ArgProblem, FfiError, Result};
 use crate::runtime::Backend;
 
 /// How a raw store is opened.
@@ -193,10 +193,19 @@ impl RawStore {
     /// bad geometry or a backend this build lacks is an error.
     pub fn open(opts: RawStoreOptions) -> Result<RawStore> {
         if opts.dir.as_os_str().is_empty() {
-            return Err(FfiError::Invalid("the store directory is empty".into()));
+            return Err(FfiError::Argument {
+                name: "dir".into(),
+                problem: ArgProblem::Empty,
+            });
         }
         if opts.disk_blocks == 0 {
-            return Err(FfiError::Invalid("disk_blocks must be at least 1".into()));
+            return Err(FfiError::Argument {
+                name: "disk_blocks".into(),
+                problem: ArgProblem::OutOfRange {
+                    value: "0".into(),
+                    expected: "at least 1",
+                },
+            });
         }
         let blocks = match opts.backend {
             Backend::Host => {
@@ -212,9 +221,7 @@ impl RawStore {
             }
             #[cfg(not(feature = "cuda"))]
             Backend::Cuda(_) => {
-                return Err(FfiError::Unsupported(
-                    "this build has no CUDA backend (feature `cuda`)".into(),
-                ))
+                return Err(FfiError::Unsupported(crate::error::Unsupported::NoCuda))
             }
         };
         Ok(RawStore {
@@ -275,10 +282,10 @@ impl RawStore {
         let mut out = Vec::with_capacity(items.len());
         for it in items {
             if it.addr == 0 {
-                return Err(FfiError::Invalid(format!(
-                    "shard {} of a block: a NULL address",
-                    it.shard
-                )));
+                return Err(FfiError::Argument {
+                    name: format!("items[shard {}].addr", it.shard),
+                    problem: ArgProblem::Null,
+                });
             }
             // SAFETY: the caller guarantees (the contract of `load` and
             // `dump`) that `len` bytes at `addr` are this backend's memory
@@ -328,11 +335,14 @@ impl RawStore {
         if after_event != 0 {
             match &self.blocks {
                 AnyBlocks::Host(..) => {
-                    return Err(FfiError::Invalid(
-                        "a prerequisite event on host memory: the host backend has no events \
-                         (pass 0 once the bytes are written)"
-                            .into(),
-                    ))
+                    return Err(FfiError::Argument {
+                        name: "after_event".into(),
+                        problem: ArgProblem::OutOfRange {
+                            value: format!("{after_event:#x}"),
+                            expected: "0 on the host backend, which has no events \
+                                       (pass 0 once the bytes are written)",
+                        },
+                    })
                 }
                 // SAFETY: the caller guarantees a live event (this
                 // function's contract).
@@ -351,7 +361,7 @@ impl RawStore {
         lock(&self.tasks)
             .get(&task)
             .map(|p| p.handle.clone())
-            .ok_or_else(|| FfiError::Invalid(format!("task {task}: unknown or already waited for")))
+            .ok_or(FfiError::UnknownTask { task })
     }
 
     /// True once every item of the task has completed (in the pool, for a

@@ -462,7 +462,11 @@ pub unsafe extern "C" fn ucm_block_ids(
         // SAFETY: the caller's contract.
         unsafe { out_arg(n_out, "n_out", ids.len()) }?;
         if ids.len() > cap {
-            return Err(FfiError::Buffer(format!("{cap} ids for {}", ids.len())));
+            return Err(FfiError::Buffer {
+                capacity: cap,
+                needed: ids.len(),
+                unit: "ids",
+            });
         }
         let flat: Vec<u8> = ids.concat();
         if !flat.is_empty() {
@@ -625,7 +629,11 @@ pub unsafe extern "C" fn ucm_cache_metrics(
         // SAFETY: the caller's contract.
         unsafe { out_arg(needed, "needed", n) }?;
         if cap < n {
-            return Err(FfiError::Buffer(format!("{cap} bytes for {n}")));
+            return Err(FfiError::Buffer {
+                capacity: cap,
+                needed: n,
+                unit: "bytes",
+            });
         }
         if buf.is_null() {
             return Err(arg("buf", ArgProblem::Null));

@@ -4,6 +4,7 @@ use thiserror::Error;
 
 use crate::status;
 use ucm_coordinator::CoordError;
+use ucm_device::{DeviceNameError, DeviceSpec};
 
 /// Everything a call through the C ABI or the Python module can refuse or
 /// fail at.
@@ -20,12 +21,31 @@ pub enum FfiError {
     /// Step metadata that does not decode for this spec table.
     #[error("invalid argument: step metadata: {0}")]
     Wire(WireError),
-    /// Another bad argument (the message says which and why).
+    /// A device name that does not parse.
     #[error("invalid argument: {0}")]
-    Invalid(String),
+    DeviceName(DeviceNameError),
+    /// A task id that is unknown or was already waited for.
+    #[error("invalid argument: task {task}: unknown or already waited for")]
+    UnknownTask {
+        /// The id given.
+        task: u64,
+    },
+    /// A worker call made before `register_kv_caches`.
+    #[error("invalid call: register_kv_caches first")]
+    NotRegistered,
+    /// A worker on another device than the cache's first worker.
+    #[error(
+        "invalid argument: this cache's workers use {have}; a worker on {want} needs its own cache"
+    )]
+    BackendMismatch {
+        /// The device of the cache's workers.
+        have: DeviceSpec,
+        /// The device asked for.
+        want: DeviceSpec,
+    },
     /// The request needs something this build or machine lacks.
     #[error("unsupported: {0}")]
-    Unsupported(String),
+    Unsupported(Unsupported),
     /// The coordinator refused or failed.
     #[error(transparent)]
     Coord(CoordError),
@@ -33,8 +53,15 @@ pub enum FfiError {
     #[error(transparent)]
     Device(#[from] ucm_device::DeviceError),
     /// An output buffer is too small (the needed size was written).
-    #[error("buffer too small: {0}")]
-    Buffer(String),
+    #[error("buffer too small: {capacity} {unit} for {needed}")]
+    Buffer {
+        /// What the buffer holds.
+        capacity: usize,
+        /// What the answer needs.
+        needed: usize,
+        /// `ids` or `bytes`.
+        unit: &'static str,
+    },
     /// A panic was caught at the boundary (a bug in UCM).
     #[error("internal error (caught panic): {0}")]
     Panic(String),
@@ -44,9 +71,12 @@ impl FfiError {
     /// The C status code of this error (see `ucm_status_t`).
     pub fn status(&self) -> i32 {
         match self {
-            FfiError::Invalid(_) | FfiError::Argument { .. } | FfiError::Wire(_) => {
-                status::UCM_ERR_INVALID
-            }
+            FfiError::Argument { .. }
+            | FfiError::Wire(_)
+            | FfiError::DeviceName(_)
+            | FfiError::UnknownTask { .. }
+            | FfiError::NotRegistered
+            | FfiError::BackendMismatch { .. } => status::UCM_ERR_INVALID,
             FfiError::Unsupported(_) => status::UCM_ERR_UNSUPPORTED,
             FfiError::Coord(
                 CoordError::Spec(_) | CoordError::SpecFile { .. } | CoordError::Identity { .. },
@@ -54,7 +84,7 @@ impl FfiError {
             FfiError::Coord(CoordError::BadRequest(_)) => status::UCM_ERR_REQUEST,
             FfiError::Coord(CoordError::Store(_)) => status::UCM_ERR_STORE,
             FfiError::Device(_) => status::UCM_ERR_DEVICE,
-            FfiError::Buffer(_) => status::UCM_ERR_BUFFER,
+            FfiError::Buffer { .. } => status::UCM_ERR_BUFFER,
             FfiError::Panic(_) => status::UCM_ERR_PANIC,
         }
     }
@@ -93,6 +123,37 @@ pub enum ArgProblem {
         /// The length given.
         len: usize,
     },
+    /// An empty path or text.
+    #[error("is empty")]
+    Empty,
+    /// A group of kind `none`: it is never reused and has no ids.
+    #[error("`{group}` is never reused: it has no ids")]
+    NeverReused {
+        /// The group's name.
+        group: String,
+    },
+    /// A group that is not a snapshot group.
+    #[error("`{group}` is not a snapshot group")]
+    NotSnapshot {
+        /// The group's name.
+        group: String,
+    },
+    /// A memory region that wraps past the end of the address space.
+    #[error("of {len} bytes at {addr:#x} wraps past the end of memory")]
+    Wraps {
+        /// Its start.
+        addr: u64,
+        /// Its length.
+        len: usize,
+    },
+    /// A memory region shorter than its stride, or of stride 0.
+    #[error("of {len} bytes has a stride of {stride}")]
+    Stride {
+        /// Its length.
+        len: usize,
+        /// Its stride.
+        stride: usize,
+    },
     /// A value outside what the parameter takes.
     #[error("{value} (expected {expected})")]
     OutOfRange {
@@ -101,6 +162,20 @@ pub enum ArgProblem {
         /// What the parameter takes.
         expected: &'static str,
     },
+}
+
+/// What this build or machine lacks ([`FfiError::Unsupported`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum Unsupported {
+    /// A device kind whose import path is not built (Ascend today).
+    #[error("device `{0}`: this build moves host (`cpu`) and `cuda` memory only")]
+    Device(DeviceSpec),
+    /// A device kind no backend has (perhaps one this code does not know).
+    #[error("{0}")]
+    UnknownDevice(DeviceNameError),
+    /// A CUDA device in a build without the `cuda` feature.
+    #[error("this build has no CUDA backend (feature `cuda`)")]
+    NoCuda,
 }
 
 /// Why step metadata does not decode ([`FfiError::Wire`]).

@@ -6,7 +6,7 @@
 use ucm_coordinator::hash::{chain_ids, checkpoint_hash, group_seed, Id};
 use ucm_coordinator::{Deployment, Group, Kind, RequestKeys, SpecTable};
 
-use crate::error::{FfiError, Result};
+use crate::error::{ArgProblem, FfiError, Result};
 
 /// `group`'s seed for `rank` and the chain ids of `tokens` (a sidecar: its
 /// source's chain), after checking the rank and the group.
@@ -19,15 +19,22 @@ fn chain<'s>(
     rank: u32,
 ) -> Result<(&'s Group, Id, Vec<Id>)> {
     if rank >= tp_size {
-        return Err(FfiError::Invalid(format!(
-            "rank {rank} of a TP size of {tp_size}"
-        )));
+        return Err(FfiError::Argument {
+            name: "rank".into(),
+            problem: ArgProblem::OutOfRange {
+                value: format!("{rank} of a TP size of {tp_size}"),
+                expected: "below the TP size",
+            },
+        });
     }
     let g = spec.group(group)?;
     if g.kind == Kind::None {
-        return Err(FfiError::Invalid(format!(
-            "group `{group}` is never reused: it has no ids"
-        )));
+        return Err(FfiError::Argument {
+            name: "group".into(),
+            problem: ArgProblem::NeverReused {
+                group: group.into(),
+            },
+        });
     }
     let chained = g.source.map_or(g, |s| &spec.groups()[s]);
     let seed = group_seed(spec, Deployment { tp_size }, g, rank, keys);
@@ -60,9 +67,12 @@ pub fn checkpoint(
 ) -> Result<Id> {
     let (g, seed, ids) = chain(spec, tp_size, keys, tokens, group, rank)?;
     if g.kind != Kind::Snapshot {
-        return Err(FfiError::Invalid(format!(
-            "group `{group}` is not a snapshot group"
-        )));
+        return Err(FfiError::Argument {
+            name: "group".into(),
+            problem: ArgProblem::NotSnapshot {
+                group: group.into(),
+            },
+        });
     }
     Ok(checkpoint_hash(
         &seed,

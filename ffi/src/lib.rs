@@ -23,7 +23,7 @@ pub mod status;
 pub mod wire;
 
 pub use blockstore::{ItemProblem, ItemReport, RawItem, RawStore, RawStoreOptions};
-pub use error::{FfiError, Result};
+pub use error::{ArgProblem, FfiError, Result, Unsupported, WireError};
 pub use runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, WorkerSide};
 pub use ucm_coordinator as coordinator;
 

@@ -25,10 +25,13 @@ use crate::runtime::{Backend, Cache, CacheOptions, RawRegion, SchedulerSide, Wor
 impl From<FfiError> for PyErr {
     fn from(e: FfiError) -> Self {
         match e {
-            FfiError::Invalid(_)
-            | FfiError::Argument { .. }
+            FfiError::Argument { .. }
             | FfiError::Wire(_)
-            | FfiError::Buffer(_)
+            | FfiError::DeviceName(_)
+            | FfiError::UnknownTask { .. }
+            | FfiError::NotRegistered
+            | FfiError::BackendMismatch { .. }
+            | FfiError::Buffer { .. }
             | FfiError::Coord(ucm_coordinator::CoordError::Store(
                 ucm_coordinator::store::StoreError::Config(_),
             )) => PyValueError::new_err(e.to_string()),
@@ -463,9 +466,7 @@ impl PyWorker {
     ) -> PyResult<T> {
         py.detach(|| {
             let mut st = lock(&self.state);
-            let r = st
-                .as_mut()
-                .ok_or_else(|| FfiError::Invalid("register_kv_caches first".into()))?;
+            let r = st.as_mut().ok_or(FfiError::NotRegistered)?;
             f(&mut r.side)
         })
         .map_err(err)

@@ -26,7 +26,7 @@ use ucm_coordinator::{
 };
 use ucm_device::{Device, HostDevice};
 
-use crate::error::{FfiError, Result};
+use crate::error::{ArgProblem, FfiError, Result, Unsupported};
 use crate::metrics::Metrics;
 
 /// Where a worker's KV caches live, and so which device backend moves them.
@@ -39,6 +39,14 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The device this backend moves.
+    pub fn spec(self) -> DeviceSpec {
+        match self {
+            Backend::Host => DeviceSpec::Host,
+            Backend::Cuda(i) => DeviceSpec::Cuda(i as u32),
+        }
+    }
+
     /// The backend of a tensor device string as torch writes it (`cpu`,
     /// `cuda`, `cuda:1`), parsed by the HAL's one device-name parser
     /// ([`DeviceSpec`]). Ascend (`npu`) is refused until its import path is
@@ -47,15 +55,13 @@ impl Backend {
         match device.parse::<DeviceSpec>() {
             Ok(DeviceSpec::Host) => Ok(Backend::Host),
             Ok(DeviceSpec::Cuda(i)) => Ok(Backend::Cuda(i as usize)),
-            Ok(d @ DeviceSpec::Npu(_)) => Err(FfiError::Unsupported(format!(
-                "device `{d}`: this build moves host (`cpu`) and `cuda` memory only"
-            ))),
+            Ok(d @ DeviceSpec::Npu(_)) => Err(FfiError::Unsupported(Unsupported::Device(d))),
             // A kind no backend has may be a device this build does not
             // carry: unsupported, as a known one without its feature.
             Err(e) if e.why == DeviceNameProblem::UnknownKind => {
-                Err(FfiError::Unsupported(e.to_string()))
+                Err(FfiError::Unsupported(Unsupported::UnknownDevice(e)))
             }
-            Err(e) => Err(FfiError::Invalid(e.to_string())),
+            Err(e) => Err(FfiError::DeviceName(e)),
         }
     }
 }
@@ -161,10 +167,19 @@ impl Cache {
     /// disk until a side needs it; bad options are refused here.
     pub fn open(spec: SpecTable, opts: CacheOptions) -> Result<Arc<Cache>> {
         if opts.tp_size == 0 {
-            return Err(FfiError::Invalid("tp_size must be at least 1".into()));
+            return Err(FfiError::Argument {
+                name: "tp_size".into(),
+                problem: ArgProblem::OutOfRange {
+                    value: "0".into(),
+                    expected: "at least 1",
+                },
+            });
         }
         if opts.dir.as_os_str().is_empty() {
-            return Err(FfiError::Invalid("the store directory is empty".into()));
+            return Err(FfiError::Argument {
+                name: "dir".into(),
+                problem: ArgProblem::Empty,
+            });
         }
         opts.store.validate()?;
         let units = Arc::new(UnitMap::new(&spec));
@@ -261,10 +276,10 @@ impl Cache {
         let mut st = lock(&self.stores);
         if let Some(s) = &st.workers {
             if s.backend() != backend {
-                return Err(FfiError::Invalid(format!(
-                    "this cache's workers use {:?}; a worker on {backend:?} needs its own cache",
-                    s.backend()
-                )));
+                return Err(FfiError::BackendMismatch {
+                    have: s.backend().spec(),
+                    want: backend.spec(),
+                });
             }
             return Ok(s.clone());
         }
@@ -281,11 +296,7 @@ impl Cache {
                 AnyStores::Cuda(dev, set, ordinal)
             }
             #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(_) => {
-                return Err(FfiError::Unsupported(
-                    "this build has no CUDA backend (feature `cuda`)".into(),
-                ))
-            }
+            Backend::Cuda(_) => return Err(FfiError::Unsupported(Unsupported::NoCuda)),
         };
         st.view = None;
         st.workers = Some(s.clone());
@@ -513,6 +524,14 @@ pub struct RawRegion {
     pub stride: usize,
 }
 
+/// A refused KV-cache region, named by its layer.
+fn region_arg(r: &RawRegion, problem: ArgProblem) -> FfiError {
+    FfiError::Argument {
+        name: format!("regions[layer {}]", r.layer),
+        problem,
+    }
+}
+
 /// The worker side of one rank.
 pub struct WorkerSide {
     inner: AnyWorker,
@@ -532,19 +551,25 @@ impl WorkerSide {
             let mut regs = Vec::with_capacity(regions.len());
             for r in regions {
                 if r.addr == 0 {
-                    return Err(FfiError::Invalid(format!("layer {}: a NULL region", r.layer)));
+                    return Err(region_arg(r, ArgProblem::Null));
                 }
                 if r.addr.checked_add(r.len as u64).is_none() {
-                    return Err(FfiError::Invalid(format!(
-                        "layer {}: a region of {} bytes at {:#x} wraps past the end of memory",
-                        r.layer, r.len, r.addr
-                    )));
+                    return Err(region_arg(
+                        r,
+                        ArgProblem::Wraps {
+                            addr: r.addr,
+                            len: r.len,
+                        },
+                    ));
                 }
                 if r.stride == 0 || r.len < r.stride {
-                    return Err(FfiError::Invalid(format!(
-                        "layer {}: a region of {} bytes with a stride of {}",
-                        r.layer, r.len, r.stride
-                    )));
+                    return Err(region_arg(
+                        r,
+                        ArgProblem::Stride {
+                            len: r.len,
+                            stride: r.stride,
+                        },
+                    ));
                 }
                 // SAFETY: the caller guarantees (this function's contract)
                 // that the region is this backend's memory and outlives the

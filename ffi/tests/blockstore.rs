@@ -6,7 +6,7 @@
 use ucm_device::io::faults::{self, FaultOp, FaultRule};
 use ucm_device::io::IoDir;
 use ucm_ffi::coordinator::store::{Geometry, SyncMode};
-use ucm_ffi::{FfiError, ItemProblem, RawItem, RawStore, RawStoreOptions};
+use ucm_ffi::{ArgProblem, FfiError, ItemProblem, RawItem, RawStore, RawStoreOptions};
 
 const GEO: Geometry = Geometry {
     shard_bytes: 8192,
@@ -196,16 +196,22 @@ fn tasks_are_checked_waited_once_and_bad_input_is_refused() {
         std::thread::yield_now();
     }
     assert_eq!(st.wait(t, false).unwrap(), []);
-    assert!(matches!(st.wait(t, false), Err(FfiError::Invalid(_))));
-    assert!(matches!(st.check(t), Err(FfiError::Invalid(_))));
-    assert!(matches!(st.check(999), Err(FfiError::Invalid(_))));
+    assert!(matches!(st.wait(t, false), Err(FfiError::UnknownTask { task }) if task == t));
+    assert!(matches!(st.check(t), Err(FfiError::UnknownTask { .. })));
+    assert!(matches!(
+        st.check(999),
+        Err(FfiError::UnknownTask { task: 999 })
+    ));
     // A NULL address, a shard outside the geometry, an event on host memory.
     let mut bad = its.clone();
     bad[0].addr = 0;
     // SAFETY: refused before any copy.
     assert!(matches!(
         unsafe { st.load(&bad) },
-        Err(FfiError::Invalid(_))
+        Err(FfiError::Argument {
+            problem: ArgProblem::Null,
+            ..
+        })
     ));
     let mut bad = its.clone();
     bad[0].shard = 4;
@@ -214,7 +220,7 @@ fn tasks_are_checked_waited_once_and_bad_input_is_refused() {
     // SAFETY: refused before any copy.
     assert!(matches!(
         unsafe { st.dump(&its, 0x1234) },
-        Err(FfiError::Invalid(_))
+        Err(FfiError::Argument { ref name, .. }) if name == "after_event"
     ));
     // Another geometry over the same directory, a bad geometry, no directory.
     let other = Geometry {
@@ -230,7 +236,13 @@ fn tasks_are_checked_waited_once_and_bad_input_is_refused() {
     assert!(RawStore::open(RawStoreOptions::new(d2.path(), odd)).is_err());
     assert!(matches!(
         RawStore::open(RawStoreOptions::new("", GEO)),
-        Err(FfiError::Invalid(_))
+        Err(FfiError::Argument { ref name, problem: ArgProblem::Empty }) if name == "dir"
+    ));
+    let mut none = RawStoreOptions::new(d2.path(), GEO);
+    none.disk_blocks = 0;
+    assert!(matches!(
+        RawStore::open(none),
+        Err(FfiError::Argument { ref name, .. }) if name == "disk_blocks"
     ));
     assert!(st.counters()[3] == 0 && st.counters()[2] == 0);
 }
