@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use crate::spec::{AccessUnit, Kind, MAX_LAYERS};
+use crate::group::{AccessUnit, Kind, MAX_LAYERS};
 
 /// Everything the coordinator can refuse or fail at.
 #[derive(Debug, Error)]

@@ -28,10 +28,8 @@
 use md5::{Digest, Md5};
 
 use crate::error::{CoordError, RequestError, Result};
+pub use crate::id::{hex, Id};
 use crate::spec::{Group, Kind, RankRule, SpecTable};
-
-/// A 16-byte id (block id, group seed or checkpoint hash).
-pub type Id = [u8; 16];
 
 /// What of a request determines its ids besides the tokens.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -253,11 +251,6 @@ impl RequestHashes {
             }
         }
     }
-}
-
-/// Lowercase hex of an id.
-pub fn hex(id: &Id) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Deterministic tokens for tests, examples and scenarios: splitmix64 of

@@ -59,8 +59,8 @@ use md5::{Digest, Md5};
 use serde::Deserialize;
 
 use crate::error::{CoordError, Result};
-use crate::hash::Id;
-use crate::spec::{Group, Kind, RankRule};
+use crate::group::{Group, Kind, RankRule};
+use crate::id::Id;
 
 /// The version of the spec table's own format, part of every identity:
 /// a change in what a table means changes every digest.
@@ -245,6 +245,6 @@ impl Identity {
 
     /// The digest in lowercase hex (how the store and the CLI name it).
     pub fn hex(&self) -> String {
-        crate::hash::hex(&self.digest)
+        crate::id::hex(&self.digest)
     }
 }

@@ -38,8 +38,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::group::{Group, Kind};
 use crate::hash::Id;
-use crate::spec::{Group, Kind};
 
 fn align_down(p: u64, grid: u64) -> u64 {
     p / grid.max(1) * grid.max(1)

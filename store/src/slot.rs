@@ -1,4 +1,4 @@
-//! The slot state machine of [`ClockPool`](crate::pool::ClockPool), kept
+//! The slot state machine of the clock pool (`pool::ClockPool`), kept
 //! apart from the shared-memory layout so that the very same code runs
 //! under the loom model checker (`store/tests/loom_slot.rs` includes this
 //! file with loom's atomics in place of std's).
