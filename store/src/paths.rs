@@ -9,14 +9,14 @@
 //! `O_NOFOLLOW` and must be regular.
 
 use std::fs;
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Result, StoreError};
+use ucm_device::io::fs as iofs;
 
 /// Longest plain name (a group name, a shared-pool prefix).
 pub const MAX_NAME: usize = 64;
@@ -77,12 +77,12 @@ fn unsafe_path(path: &Path, why: &str) -> StoreError {
 /// entry in the parent is durable only once the parent is fsynced).
 pub fn ensure_dir(path: &Path) -> Result<bool> {
     let mut created = false;
-    match fs::symlink_metadata(path) {
+    match iofs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => return Err(unsafe_path(path, "is a symbolic link")),
         Ok(m) if !m.is_dir() => return Err(unsafe_path(path, "is not a directory")),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            match fs::DirBuilder::new().mode(0o700).create(path) {
+            match iofs::create_dir(path, 0o700) {
                 Ok(()) => created = true,
                 // Another process made it meanwhile: checked below.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -91,20 +91,21 @@ pub fn ensure_dir(path: &Path) -> Result<bool> {
         }
         Err(e) => return Err(StoreError::fs("inspect", path)(e)),
     }
-    let d = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                unsafe_path(path, "is not a directory (or became a link)")
-            }
-            _ => StoreError::fs("open directory", path)(e),
-        })?;
-    let m = d.metadata().map_err(StoreError::fs("inspect", path))?;
+    let d = iofs::open_with(
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW),
+        path,
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+            unsafe_path(path, "is not a directory (or became a link)")
+        }
+        _ => StoreError::fs("open directory", path)(e),
+    })?;
+    let m = iofs::metadata_of(&d, path).map_err(StoreError::fs("inspect", path))?;
     if m.mode() & 0o777 != 0o700 {
-        d.set_permissions(fs::Permissions::from_mode(0o700))
-            .map_err(StoreError::fs("restrict to 0700", path))?;
+        iofs::set_mode(&d, path, 0o700).map_err(StoreError::fs("restrict to 0700", path))?;
     }
     Ok(created)
 }
@@ -177,11 +178,12 @@ pub fn stale_tmp(name: &str, m: &fs::Metadata) -> bool {
 /// Reads the geometry marker: `None` when absent; an error when it is not
 /// a regular file, or longer than [`MAX_MARKER_BYTES`].
 pub fn read_marker(path: &Path) -> Result<Option<String>> {
-    let f = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
+    let f = match iofs::open_with(
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK),
+        path,
+    ) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -189,17 +191,14 @@ pub fn read_marker(path: &Path) -> Result<Option<String>> {
         }
         Err(e) => return Err(StoreError::fs("open", path)(e)),
     };
-    let m = f.metadata().map_err(StoreError::fs("inspect", path))?;
+    let m = iofs::metadata_of(&f, path).map_err(StoreError::fs("inspect", path))?;
     if !m.is_file() {
         return Err(unsafe_path(path, "is not a regular file"));
     }
     if m.len() > MAX_MARKER_BYTES {
         return Err(unsafe_path(path, "is too large to be a geometry marker"));
     }
-    let mut buf = Vec::new();
-    f.take(MAX_MARKER_BYTES)
-        .read_to_end(&mut buf)
-        .map_err(StoreError::fs("read", path))?;
+    let buf = iofs::read_up_to(f, path, MAX_MARKER_BYTES).map_err(StoreError::fs("read", path))?;
     Ok(Some(String::from_utf8_lossy(&buf).trim().to_string()))
 }
 
@@ -229,21 +228,23 @@ fn write_marker_tmp(path: &Path, tmp_dir: &Path, text: &str) -> std::io::Result<
         .unwrap_or("marker")
         .replace('.', "_");
     let tmp = tmp_path(tmp_dir, &stem);
-    let _ = fs::remove_file(&tmp);
+    let _ = iofs::remove_file(&tmp);
     let written = (|| -> std::io::Result<()> {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        std::io::Write::write_all(&mut f, format!("{text}\n").as_bytes())?;
-        f.sync_all()
+        let mut f = iofs::open_with(
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW),
+            &tmp,
+        )?;
+        iofs::write_all(&mut f, &tmp, format!("{text}\n").as_bytes())?;
+        iofs::sync(&f, &tmp)
     })();
     match written {
         Ok(()) => Ok(tmp),
         Err(e) => {
-            let _ = fs::remove_file(&tmp);
+            let _ = iofs::remove_file(&tmp);
             Err(e)
         }
     }
@@ -256,11 +257,13 @@ fn sync_parent(path: &Path) {
 /// Makes the entries of directory `path` durable (fsync of the directory,
 /// opened without following a link in its place).
 pub fn sync_dir(path: &Path) -> std::io::Result<()> {
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-        .open(path)?
-        .sync_all()
+    let d = iofs::open_with(
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW),
+        path,
+    )?;
+    iofs::sync(&d, path)
 }
 
 /// Writes a marker file (the geometry, the GC lease) atomically: a
@@ -269,8 +272,8 @@ pub fn sync_dir(path: &Path) -> std::io::Result<()> {
 /// then reads theirs). Returns whether this call created it.
 pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
     let linked = write_marker_tmp(path, tmp_dir, text).and_then(|tmp| {
-        let r = fs::hard_link(&tmp, path);
-        let _ = fs::remove_file(&tmp);
+        let r = iofs::hard_link(&tmp, path);
+        let _ = iofs::remove_file(&tmp);
         r
     });
     match linked {
@@ -287,9 +290,9 @@ pub fn create_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<bool> {
 /// it: whatever was there, a file or a link, is replaced, never followed).
 pub fn replace_marker(path: &Path, tmp_dir: &Path, text: &str) -> Result<()> {
     let tmp = write_marker_tmp(path, tmp_dir, text).map_err(StoreError::fs("write", path))?;
-    let renamed = fs::rename(&tmp, path);
+    let renamed = iofs::rename(&tmp, path);
     if renamed.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = iofs::remove_file(&tmp);
     }
     renamed.map_err(StoreError::fs("rename", path))?;
     sync_parent(path);

@@ -734,3 +734,60 @@ fn a_fault_at_each_file_system_call_is_reported_or_absorbed() {
     assert!(mtime() > old);
     assert!(check_block(&t, GEO, 7));
 }
+
+/// Opening a store reaches the file system only through the seam: a fault
+/// at each of its calls (inspecting, making, opening, restricting and
+/// syncing directories; opening, reading, writing, linking and syncing the
+/// geometry marker) makes the open fail with that call named, leaves no
+/// temporary file, and the next open succeeds.
+#[test]
+fn a_fault_at_each_call_of_opening_a_store_is_reported() {
+    use std::os::unix::fs::PermissionsExt;
+    // (path under the root, operation, the store's name for the call,
+    // whether the root exists with a marker and mode 0755 beforehand)
+    let cases: &[(&str, FaultOp, &str, bool)] = &[
+        ("", FaultOp::Stat, "inspect", true),
+        ("blocks", FaultOp::Mkdir, "create directory", false),
+        ("", FaultOp::Open, "open directory", true),
+        ("", FaultOp::Chmod, "restrict to 0700", true),
+        ("", FaultOp::Fsync, "fsync directory", false),
+        ("GEOMETRY", FaultOp::Open, "open", true),
+        ("GEOMETRY", FaultOp::Read, "read", true),
+        ("tmp", FaultOp::Write, "write", false),
+        ("GEOMETRY", FaultOp::Link, "write", false),
+    ];
+    for &(under, op, name, existing) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        if existing {
+            drop(open(&root, GEO, 10));
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let target = if under.is_empty() {
+            root.clone()
+        } else {
+            root.join(under)
+        };
+        {
+            let g = faults::inject(FaultRule::errno(&target, op, libc::EIO));
+            let Err(err) = DiskTier::open(DiskConfig::new(&root, GEO, 10), engine()) else {
+                panic!("{op:?} on {under:?}: opened");
+            };
+            assert!(
+                matches!(&err, StoreError::Fs { op: o, .. } if *o == name),
+                "{op:?} on {under:?}: {err}"
+            );
+            assert!(g.fired() > 0, "{op:?} on {under:?}: the rule never fired");
+        }
+        if root.join("tmp").exists() {
+            assert_eq!(
+                fs::read_dir(root.join("tmp")).unwrap().count(),
+                0,
+                "{op:?}: a temporary file left"
+            );
+        }
+        let t = open(&root, GEO, 10);
+        t.write_block(&id(3), shards(GEO, 3)).unwrap();
+        assert!(check_block(&t, GEO, 3), "{op:?}");
+    }
+}

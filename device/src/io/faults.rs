@@ -17,7 +17,8 @@ use std::path::PathBuf;
 /// The operation a rule applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FaultOp {
-    /// `open(2)` through [`IoFile::open`](crate::io::IoFile::open).
+    /// `open(2)` through [`IoFile::open`](crate::io::IoFile::open) or
+    /// [`fs::open_with`](crate::io::fs::open_with).
     Open,
     /// Only the O_DIRECT attempt of an open: inject `EINVAL` here to
     /// emulate a file system that refuses O_DIRECT.
@@ -43,6 +44,12 @@ pub enum FaultOp {
     /// Setting a file's modification time through
     /// [`fs::set_modified`](crate::io::fs::set_modified).
     Touch,
+    /// Inspecting a path or an open file through
+    /// [`fs::symlink_metadata`](crate::io::fs::symlink_metadata) or
+    /// [`fs::metadata_of`](crate::io::fs::metadata_of).
+    Stat,
+    /// Changing a mode through [`fs::set_mode`](crate::io::fs::set_mode).
+    Chmod,
 }
 
 /// What a matched operation gets.

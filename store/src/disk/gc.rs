@@ -116,7 +116,7 @@ impl DiskTier {
                     if !well_named {
                         continue;
                     }
-                    if let Ok(m) = f.metadata() {
+                    if let Ok(m) = iofs::symlink_metadata(&f.path()) {
                         if m.file_type().is_file() {
                             if let Ok(t) = m.modified() {
                                 out.push((t, f.path(), m.len()));

@@ -55,7 +55,6 @@ use write::add_dir;
 
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -252,7 +251,7 @@ impl DiskTier {
         let tmp = cfg.dir.join("tmp");
         // The root may be made with its parents; beneath it, nothing is
         // followed through a link.
-        if fs::symlink_metadata(&cfg.dir).is_err() {
+        if iofs::symlink_metadata(&cfg.dir).is_err() {
             mkdir(&cfg.dir)?;
         }
         paths::ensure_dir(&cfg.dir)?;
@@ -286,7 +285,7 @@ impl DiskTier {
         for entry in iofs::read_dir(&tmp).map_err(StoreError::fs("list", &tmp))? {
             let entry = entry.map_err(StoreError::fs("list", &tmp))?;
             let (Ok(m), Some(name)) = (
-                entry.metadata(),
+                iofs::symlink_metadata(&entry.path()),
                 entry.file_name().to_str().map(String::from),
             ) else {
                 continue;
