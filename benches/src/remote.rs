@@ -74,15 +74,33 @@ fn remote_err(op: &'static str) -> impl FnOnce(redis::RedisError) -> StoreError 
     move |source| StoreError::Remote { op, source }
 }
 
+/// Why the remote-tier bench stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteBenchError {
+    /// The tier or the raw client failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No round, batch or value size to run.
+    #[error("rounds, batch and value sizes must be positive")]
+    Empty,
+    /// The URL is not a Redis or Valkey cluster.
+    #[error("ucm bench remote measures a Redis or Valkey cluster (redis://...)")]
+    NotRedis,
+    /// A block written in this run was missing when `when` looked for it.
+    #[error("a block written in this run was not found by {when} (server eviction?)")]
+    Lost {
+        /// `read` or `lookup`.
+        when: &'static str,
+    },
+}
+
 /// Runs every case, reporting progress.
 pub fn run(
     cfg: &RemoteBenchConfig,
     progress: impl Fn(&str),
-) -> Result<Vec<RemoteRecord>, StoreError> {
+) -> Result<Vec<RemoteRecord>, RemoteBenchError> {
     if cfg.rounds == 0 || cfg.batch == 0 || cfg.value_sizes.is_empty() {
-        return Err(StoreError::Config(
-            "rounds, batch and value sizes must be positive".into(),
-        ));
+        return Err(RemoteBenchError::Empty);
     }
     let load = super::load_average();
     let ns = format!("bench-{}", std::process::id());
@@ -95,9 +113,7 @@ pub fn run(
         },
     )?;
     let ucm_store::Endpoint::Redis(nodes) = &probe.endpoint else {
-        return Err(StoreError::Config(
-            "ucm bench remote measures a Redis or Valkey cluster (redis://...)".into(),
-        ));
+        return Err(RemoteBenchError::NotRedis);
     };
     let client = ClusterClient::new(nodes.clone()).map_err(remote_err("configure"))?;
     let mut raw = client.get_connection().map_err(remote_err("connect"))?;
@@ -145,9 +161,7 @@ pub fn run(
                     chunk.iter().map(|&n| (id(n as u64), vec![0])).collect();
                 for r in tier.read_many(&reqs) {
                     if r?.is_none() {
-                        return Err(StoreError::Config(
-                            "a block written in this run read as a miss (server eviction?)".into(),
-                        ));
+                        return Err(RemoteBenchError::Lost { when: "read" });
                     }
                 }
             }
@@ -226,7 +240,7 @@ pub fn run(
         let found = tier.lookup(&ids);
         let secs = t.elapsed().as_secs_f64();
         if found.iter().any(|f| !f) {
-            return Err(StoreError::Config("a published block was not found".into()));
+            return Err(RemoteBenchError::Lost { when: "lookup" });
         }
         u.push(n as f64 / secs);
         let t = Instant::now();

@@ -33,7 +33,7 @@ pub enum StoreError {
     },
     /// A configuration value is unusable.
     #[error("bad store configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// The directory belongs to an instance of another geometry.
     #[error("{path:?} holds a store of another geometry ({found}); expected {expected}")]
     GeometryMismatch {
@@ -107,6 +107,9 @@ pub enum StoreError {
         /// The shard.
         shard: u32,
     },
+    /// The failure of a whole batch, reported for each of its blocks.
+    #[error("{0}")]
+    Batch(std::sync::Arc<StoreError>),
     /// A request names a shard outside the geometry.
     #[error("shard {shard} out of range: the geometry has {shards} shards per block")]
     ShardOutOfRange {
@@ -125,6 +128,126 @@ impl StoreError {
         let path = path.into();
         move |source| StoreError::Fs { op, path, source }
     }
+}
+
+/// What is wrong with a store's configuration ([`StoreError::Config`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A setting outside what it takes.
+    #[error("{field} {value} (expected {expected})")]
+    Value {
+        /// The setting.
+        field: &'static str,
+        /// Its value, as text (untrusted text cut to 64 characters).
+        value: String,
+        /// What it takes.
+        expected: &'static str,
+    },
+    /// `/dev/shm` has less room than the pool needs.
+    #[error("/dev/shm has {free_mib} MiB free, the pool needs {needed_mib} MiB: enlarge /dev/shm or shrink the pool")]
+    ShmFull {
+        /// Free MiB.
+        free_mib: u64,
+        /// MiB the pool needs.
+        needed_mib: u64,
+    },
+    /// A shared-pool segment of another size (another geometry, or stale).
+    #[error("{path:?} is {len} bytes, this pool needs {needed}: another geometry or a stale segment (remove it)")]
+    SegmentSize {
+        /// The segment.
+        path: PathBuf,
+        /// Its size.
+        len: u64,
+        /// The size this pool needs.
+        needed: u64,
+    },
+    /// A shared-pool segment whose creator never finished it.
+    #[error("shared pool {path:?} never finished initialising (stale segment?)")]
+    SegmentNotReady {
+        /// The segment.
+        path: PathBuf,
+    },
+    /// A shared pool made for another geometry.
+    #[error("shared pool {path:?} has another geometry ({found}; wanted {wanted})")]
+    PoolGeometry {
+        /// The segment.
+        path: PathBuf,
+        /// Its geometry.
+        found: String,
+        /// This pool's.
+        wanted: String,
+    },
+    /// A buffer or region too small for what it must hold.
+    #[error("{what} of {len} bytes where {needed} are needed")]
+    BufferSize {
+        /// The buffer.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// What it must hold.
+        needed: usize,
+    },
+    /// A block given with another number or size of shards.
+    #[error("a block needs {shards} shards of {shard_bytes} bytes")]
+    BlockShape {
+        /// Shards per block.
+        shards: u32,
+        /// Bytes per shard.
+        shard_bytes: usize,
+    },
+    /// A store with neither a disk nor a remote tier.
+    #[error("a store without a disk needs a remote tier")]
+    NoTier,
+    /// A store set with neither a disk, a remote nor a cold tier.
+    #[error("a store without a disk tier needs a remote or a cold tier")]
+    NoTierForSet,
+    /// A name that becomes a path or a shared segment is not plain.
+    #[error(transparent)]
+    Name(#[from] crate::paths::NameError),
+    /// A remote tier of another geometry than the store's.
+    #[error("a remote tier's geometry ({remote}) is not the store's ({store})")]
+    RemoteGeometry {
+        /// The remote tier's.
+        remote: String,
+        /// The store's.
+        store: String,
+    },
+    /// A remote tier with no node to talk to, or no live connection.
+    #[error("remote tier: no {0}")]
+    NoRemote(&'static str),
+    /// A remote backend asked for the layout of the other kind.
+    #[error("this remote backend stores blocks as {has}, not {asked}")]
+    RemoteLayout {
+        /// What it stores blocks as.
+        has: &'static str,
+        /// What was asked for.
+        asked: &'static str,
+    },
+    /// A remote read answered with a reply of the wrong length.
+    #[error("remote read: a reply of the wrong length")]
+    ReplyLength,
+    /// The S3 tier's async runtime could not start.
+    #[error("S3 tier: no runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+impl From<ConfigError> for StoreError {
+    fn from(e: ConfigError) -> Self {
+        StoreError::Config(e)
+    }
+}
+
+/// A [`ConfigError::Value`].
+pub(crate) fn bad_value(
+    field: &'static str,
+    value: impl std::fmt::Display,
+    expected: &'static str,
+) -> StoreError {
+    StoreError::Config(ConfigError::Value {
+        field,
+        value: value.to_string(),
+        expected,
+    })
 }
 
 /// Result alias of the `store` crate.

@@ -89,6 +89,7 @@ impl Failure {
     pub fn from_store(e: &StoreError, what: &str) -> Failure {
         let detail = format!("{what}: {e}");
         match e {
+            StoreError::Batch(inner) => Failure::from_store(inner, what),
             StoreError::Device(d) => Failure::from_device(d, what),
             StoreError::Fs { source, .. } => match source.raw_os_error() {
                 Some(errno) => Failure::errno(errno, detail),

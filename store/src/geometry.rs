@@ -1,6 +1,6 @@
 //! Geometry: fixed when an instance is built, never carried by a task.
 
-use crate::error::{Result, StoreError};
+use crate::error::{bad_value, Result, StoreError};
 use ucm_device::io::DIRECT_IO_ALIGN;
 
 /// A block id: 16 bytes, content-addressed and prefix-chained upstream.
@@ -36,16 +36,18 @@ impl Geometry {
     /// Checks the values: positive, shard size a multiple of 4 KiB (O_DIRECT).
     pub fn validate(&self) -> Result<()> {
         if self.shard_bytes == 0 || self.shard_bytes % DIRECT_IO_ALIGN != 0 {
-            return Err(StoreError::Config(format!(
-                "shard size {} is not a positive multiple of {DIRECT_IO_ALIGN}",
-                self.shard_bytes
-            )));
+            return Err(bad_value(
+                "shard size",
+                self.shard_bytes,
+                "a positive multiple of 4096",
+            ));
         }
         if self.shards_per_block == 0 || self.shards_per_block > 65_536 {
-            return Err(StoreError::Config(format!(
-                "{} shards per block is outside 1..=65536",
-                self.shards_per_block
-            )));
+            return Err(bad_value(
+                "shards per block",
+                self.shards_per_block,
+                "1..=65536",
+            ));
         }
         Ok(())
     }

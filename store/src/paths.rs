@@ -29,10 +29,23 @@ pub const MAX_MARKER_BYTES: u64 = 4096;
 /// renames or removes its files within seconds.
 pub const STALE_TMP_AGE: Duration = Duration::from_secs(15 * 60);
 
+/// A name that is not a plain identifier ([`check_name`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} {name:?} is not a plain name (1-{MAX_NAME} letters, digits, `_` or `-`, \
+     starting with a letter or digit)"
+)]
+pub struct NameError {
+    /// The field (`group name`, `shared pool prefix`).
+    pub what: &'static str,
+    /// The name given, cut to 64 characters, control characters replaced.
+    pub name: String,
+}
+
 /// Checks that `name` is a plain identifier: 1 to [`MAX_NAME`] letters,
 /// digits, `_` or `-`, starting with a letter or digit. `what` names the
 /// field in the error.
-pub fn check_name(what: &str, name: &str) -> std::result::Result<(), String> {
+pub fn check_name(what: &'static str, name: &str) -> std::result::Result<(), NameError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && name
@@ -42,11 +55,10 @@ pub fn check_name(what: &str, name: &str) -> std::result::Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{what} {:?} is not a plain name (1-{MAX_NAME} letters, digits, `_` or `-`, \
-             starting with a letter or digit)",
-            short(name)
-        ))
+        Err(NameError {
+            what,
+            name: short(name),
+        })
     }
 }
 

@@ -33,7 +33,7 @@ use memmap2::MmapRaw;
 use std::ptr::NonNull;
 use ucm_device::IoBuf;
 
-use crate::error::{Result, StoreError};
+use crate::error::{bad_value, ConfigError, Result, StoreError};
 use crate::geometry::BlockId;
 
 use crate::slot::{self, state_of, Claim, EMPTY, FAILED, LOADING, READY, REFS};
@@ -236,17 +236,19 @@ impl ClockPool {
     /// Creates the pool, or attaches to a shared one and validates it.
     pub fn open(cfg: PoolConfig) -> Result<Self> {
         if cfg.shard_bytes == 0 || cfg.shard_bytes % 4096 != 0 {
-            return Err(StoreError::Config(format!(
-                "pool slot size {} is not a positive multiple of 4096",
-                cfg.shard_bytes
-            )));
+            return Err(bad_value(
+                "pool slot size",
+                cfg.shard_bytes,
+                "a positive multiple of 4096",
+            ));
         }
         if cfg.slots == 0 || cfg.ways == 0 || cfg.slots % cfg.ways != 0 || cfg.slots > REFS as usize
         {
-            return Err(StoreError::Config(format!(
-                "{} slots in buckets of {} ways: both positive, slots a multiple of ways",
-                cfg.slots, cfg.ways
-            )));
+            return Err(bad_value(
+                "pool slots and ways",
+                format!("{} and {}", cfg.slots, cfg.ways),
+                "both positive, slots a multiple of ways",
+            ));
         }
         let buckets = cfg.slots / cfg.ways;
         let meta_off = HEADER_BYTES + (buckets * BUCKET_BYTES).div_ceil(META_BYTES) * META_BYTES;
@@ -258,10 +260,11 @@ impl ClockPool {
             .checked_mul(cfg.shard_bytes)
             .and_then(|d| d.checked_add(data_off))
             .ok_or_else(|| {
-                StoreError::Config(format!(
-                    "{} slots of {} bytes overflow the address space",
-                    cfg.slots, cfg.shard_bytes
-                ))
+                bad_value(
+                    "pool size",
+                    format!("{} slots of {} bytes", cfg.slots, cfg.shard_bytes),
+                    "within the address space",
+                )
             })?;
         let (map, path, created) = match &cfg.mode {
             PoolMode::Private => {
@@ -303,9 +306,11 @@ impl ClockPool {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            return Err(StoreError::Config(format!(
-                "pool instance {instance:?}: use letters, digits, '-' and '_'"
-            )));
+            return Err(bad_value(
+                "pool instance",
+                format!("{:?}", crate::paths::short(instance)),
+                "letters, digits, '-' and '_'",
+            ));
         }
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
@@ -321,12 +326,10 @@ impl ClockPool {
                 let free = shm_free_bytes();
                 if free.is_some_and(|free| free < total as u64) {
                     let _ = fs::remove_file(&path);
-                    return Err(StoreError::Config(format!(
-                        "/dev/shm has {} MiB free, the pool needs {} MiB: enlarge /dev/shm \
-                         or shrink the pool",
-                        free.unwrap_or(0) >> 20,
-                        total >> 20
-                    )));
+                    return Err(StoreError::Config(ConfigError::ShmFull {
+                        free_mib: free.unwrap_or(0) >> 20,
+                        needed_mib: total as u64 >> 20,
+                    }));
                 }
                 f.set_len(total as u64)
                     .map_err(StoreError::fs("size shared pool", &path))?;
@@ -349,11 +352,11 @@ impl ClockPool {
                         break;
                     }
                     if len != 0 || Instant::now() > deadline {
-                        return Err(StoreError::Config(format!(
-                            "{} is {len} bytes, this pool needs {total}: another geometry \
-                             or a stale segment (remove it)",
-                            path.display()
-                        )));
+                        return Err(StoreError::Config(ConfigError::SegmentSize {
+                            path,
+                            len,
+                            needed: total as u64,
+                        }));
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
@@ -395,9 +398,9 @@ impl ClockPool {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.header().ready.load(Ordering::Acquire) != 1 {
             if Instant::now() > deadline {
-                return Err(StoreError::Config(
-                    "shared pool never finished initialising (stale segment?)".into(),
-                ));
+                return Err(StoreError::Config(ConfigError::SegmentNotReady {
+                    path: self.path.clone().unwrap_or_default(),
+                }));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -410,17 +413,17 @@ impl ClockPool {
         if ok {
             Ok(())
         } else {
-            Err(StoreError::Config(format!(
-                "shared pool {:?} has another geometry (slot {} B x {} in ways of {}; \
-                 wanted {} B x {} in ways of {})",
-                self.path,
-                h.shard_bytes,
-                h.slots,
-                h.ways,
-                self.cfg.shard_bytes,
-                self.cfg.slots,
-                self.cfg.ways
-            )))
+            Err(StoreError::Config(ConfigError::PoolGeometry {
+                path: self.path.clone().unwrap_or_default(),
+                found: format!(
+                    "slot {} B x {} in ways of {}",
+                    h.shard_bytes, h.slots, h.ways
+                ),
+                wanted: format!(
+                    "slot {} B x {} in ways of {}",
+                    self.cfg.shard_bytes, self.cfg.slots, self.cfg.ways
+                ),
+            }))
         }
     }
 

@@ -97,10 +97,7 @@ impl StoreSetConfig {
             RemoteConfig::from_url(url, "check", probe)?;
         }
         if self.no_disk && self.remote.is_none() && self.cold.is_none() {
-            return Err(ucm_store::StoreError::Config(
-                "a store without a disk tier needs a remote or a cold tier".into(),
-            )
-            .into());
+            return Err(ucm_store::StoreError::Config(ucm_store::ConfigError::NoTierForSet).into());
         }
         Ok(())
     }
@@ -196,7 +193,7 @@ impl<D: Device> StoreSet<D> {
         cfg.validate()?;
         if let Some(p) = &cfg.shared {
             ucm_store::paths::check_name("shared pool prefix", p)
-                .map_err(ucm_store::StoreError::Config)?;
+                .map_err(|e| ucm_store::StoreError::Config(e.into()))?;
         }
         let engine: Arc<dyn IoEngine> = Arc::from(
             IoEngineConfig::new(cfg.engine)

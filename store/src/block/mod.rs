@@ -37,7 +37,7 @@ use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use ucm_device::{CopyRun, Device, IoBuf, Memory};
 
 use crate::disk::{DiskTier, ReadSession};
-use crate::error::{Result, StoreError};
+use crate::error::{bad_value, ConfigError, Result, StoreError};
 use crate::failure::{Failure, FailureKind};
 use crate::geometry::{BlockId, Geometry};
 use crate::pool::{rank_order, Acquire, ClockPool, LoadGuard, SlotRef};
@@ -336,9 +336,10 @@ impl<D: Device> TieredBlockStore<D> {
         remotes: Vec<RemoteTier>,
         cfg: BlockStoreConfig,
     ) -> Result<Self> {
-        let geo = remotes.first().map(RemoteTier::geometry).ok_or_else(|| {
-            StoreError::Config("a store without a disk needs a remote tier".into())
-        })?;
+        let geo = remotes
+            .first()
+            .map(RemoteTier::geometry)
+            .ok_or_else(|| StoreError::Config(ConfigError::NoTier))?;
         Self::build(dev, pool, None, geo, remotes, cfg)
     }
 
@@ -351,22 +352,23 @@ impl<D: Device> TieredBlockStore<D> {
         cfg: BlockStoreConfig,
     ) -> Result<Self> {
         if let Some(r) = remotes.iter().find(|r| r.geometry() != geo) {
-            return Err(StoreError::Config(format!(
-                "a remote tier's geometry ({}) is not the store's ({})",
-                r.geometry().describe(),
-                geo.describe()
-            )));
+            return Err(StoreError::Config(ConfigError::RemoteGeometry {
+                remote: r.geometry().describe(),
+                store: geo.describe(),
+            }));
         }
         if pool.slot_bytes() != geo.shard_bytes {
-            return Err(StoreError::Config(format!(
-                "pool slots of {} bytes do not hold shards of {} bytes",
-                pool.slot_bytes(),
-                geo.shard_bytes
-            )));
+            return Err(StoreError::Config(ConfigError::BufferSize {
+                what: "a pool slot",
+                len: pool.slot_bytes(),
+                needed: geo.shard_bytes,
+            }));
         }
         if cfg.workers == 0 || cfg.queue_depth == 0 || cfg.write_attempts == 0 {
-            return Err(StoreError::Config(
-                "workers, queue depth and write attempts must be positive".into(),
+            return Err(bad_value(
+                "workers, queue depth or write attempts",
+                0,
+                "positive",
             ));
         }
         // `Inner` drops `pool_mem` (ending the registration) before `pool`.
@@ -530,11 +532,11 @@ impl<D: Device> TieredBlockStore<D> {
             self.inner.geo.check_shard(it.shard)?;
             let end = it.offset.checked_add(self.inner.geo.shard_bytes);
             if end.is_none_or(|e| e > it.memory.len()) {
-                return Err(StoreError::Config(format!(
-                    "device region of {} bytes cannot hold a shard at offset {}",
-                    it.memory.len(),
-                    it.offset
-                )));
+                return Err(StoreError::Config(ConfigError::BufferSize {
+                    what: "a device region",
+                    len: it.memory.len(),
+                    needed: it.offset.saturating_add(self.inner.geo.shard_bytes),
+                }));
             }
         }
         let mut seen = std::collections::HashSet::with_capacity(items.len());

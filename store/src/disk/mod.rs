@@ -65,7 +65,7 @@ use ucm_device::io::IoDir;
 use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{IoBuf, IoEngine, IoFile, IoRequest, IoTicket, OpenOptions};
 
-use crate::error::{Result, StoreError};
+use crate::error::{bad_value, ConfigError, Result, StoreError};
 use crate::geometry::{hex, hex_digits, BlockId, Geometry};
 use crate::{header, paths};
 
@@ -146,10 +146,11 @@ impl std::str::FromStr for SyncMode {
         match s {
             "auto" => Ok(SyncMode::Auto),
             "files" => Ok(SyncMode::Files),
-            other => Err(StoreError::Config(format!(
-                "unknown sync mode {:?} (expected auto or files)",
-                paths::short(other)
-            ))),
+            other => Err(bad_value(
+                "sync mode",
+                format!("{:?}", paths::short(other)),
+                "auto or files",
+            )),
         }
     }
 }
@@ -243,10 +244,11 @@ impl DiskTier {
     pub fn open(cfg: DiskConfig, engine: Arc<dyn IoEngine>) -> Result<Self> {
         cfg.geometry.validate()?;
         if cfg.low_watermark > cfg.high_watermark || cfg.high_watermark == 0 {
-            return Err(StoreError::Config(format!(
-                "watermarks must satisfy 0 <= low ({}) <= high ({}), high > 0",
-                cfg.low_watermark, cfg.high_watermark
-            )));
+            return Err(bad_value(
+                "watermarks (low, high)",
+                format!("({}, {})", cfg.low_watermark, cfg.high_watermark),
+                "0 <= low <= high, high > 0",
+            ));
         }
         let tmp = cfg.dir.join("tmp");
         // The root may be made with its parents; beneath it, nothing is

@@ -207,8 +207,13 @@ impl DiskTier {
             ));
             let bad = shards.iter().find_map(|(s, b)| {
                 self.cfg.geometry.check_shard(*s).err().or_else(|| {
-                    (b.len() != sb)
-                        .then(|| StoreError::Config(format!("a shard buffer must hold {sb} bytes")))
+                    (b.len() != sb).then(|| {
+                        StoreError::Config(ConfigError::BufferSize {
+                            what: "a shard buffer",
+                            len: b.len(),
+                            needed: sb,
+                        })
+                    })
                 })
             });
             if let Some(bad) = bad {

@@ -125,10 +125,10 @@ impl DiskTier {
             if shards.len() != g.shards_per_block as usize
                 || shards.iter().any(|s| s.len() != g.shard_bytes)
             {
-                p.err = Some(StoreError::Config(format!(
-                    "a block needs {} shards of {} bytes",
-                    g.shards_per_block, g.shard_bytes
-                )));
+                p.err = Some(StoreError::Config(ConfigError::BlockShape {
+                    shards: g.shards_per_block,
+                    shard_bytes: g.shard_bytes,
+                }));
                 pending.push(p);
                 continue;
             }

@@ -45,7 +45,7 @@ mod url;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::error::{Result, StoreError};
+use crate::error::{bad_value, ConfigError, Result, StoreError};
 use crate::geometry::{hex, BlockId, Geometry};
 use crate::header;
 
@@ -106,7 +106,7 @@ impl RemoteConfig {
     fn validate(&self) -> Result<()> {
         self.geometry.validate()?;
         if matches!(&self.endpoint, Endpoint::Redis(n) if n.is_empty()) {
-            return Err(StoreError::Config("remote tier: no node".into()));
+            return Err(StoreError::Config(ConfigError::NoRemote("node")));
         }
         let ns_ok = !self.namespace.is_empty()
             && self.namespace.len() <= MAX_NAMESPACE
@@ -115,13 +115,14 @@ impl RemoteConfig {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
         if !ns_ok {
-            return Err(StoreError::Config(format!(
-                "remote tier namespace `{}` must be 1-{MAX_NAMESPACE} letters, digits, `_`, `-` or `.`",
-                shown(&self.namespace)
-            )));
+            return Err(bad_value(
+                "remote tier namespace",
+                format!("`{}`", shown(&self.namespace)),
+                "1-64 letters, digits, `_`, `-` or `.`",
+            ));
         }
         if self.timeout.is_zero() {
-            return Err(StoreError::Config("remote tier: a zero timeout".into()));
+            return Err(bad_value("remote tier timeout", "0", "positive"));
         }
         Ok(())
     }
@@ -173,9 +174,10 @@ trait Backend: Send + Sync {
     fn exists(&self, keys: &[String]) -> Result<Vec<bool>>;
     /// [`Layout::Keys`]: per key, its value, `None` when absent.
     fn get(&self, _keys: &[String]) -> Result<Vec<Option<Vec<u8>>>> {
-        Err(StoreError::Config(
-            "this remote backend stores blocks as objects, not keys".into(),
-        ))
+        Err(StoreError::Config(ConfigError::RemoteLayout {
+            has: "objects",
+            asked: "keys",
+        }))
     }
     /// Per block, its values in order; the last (the header) is stored
     /// only after every other of its block is.
@@ -190,17 +192,18 @@ trait Backend: Send + Sync {
         _reqs: &[(String, Vec<std::ops::Range<u64>>)],
         _expected: u64,
     ) -> Result<Vec<Option<RangedObject>>> {
-        Err(StoreError::Config(
-            "this remote backend stores blocks as keys, not objects".into(),
-        ))
+        Err(StoreError::Config(ConfigError::RemoteLayout {
+            has: "keys",
+            asked: "objects",
+        }))
     }
     /// A description for logs.
     fn describe(&self) -> String;
 }
 
 /// The same failure again, for each block of a batch that failed as one.
-pub(crate) fn again(e: &StoreError) -> StoreError {
-    match e {
+pub(crate) fn again(e: &std::sync::Arc<StoreError>) -> StoreError {
+    match &**e {
         #[cfg(feature = "redis")]
         StoreError::Remote { op, source } => StoreError::Remote {
             op,
@@ -212,7 +215,7 @@ pub(crate) fn again(e: &StoreError) -> StoreError {
             source: std::sync::Arc::clone(source),
         },
         StoreError::Timeout { op, after } => StoreError::Timeout { op, after: *after },
-        other => StoreError::Config(other.to_string()),
+        _ => StoreError::Batch(std::sync::Arc::clone(e)),
     }
 }
 
@@ -411,7 +414,8 @@ impl RemoteTier {
             Ok(())
         } else {
             self.failed(self.backend.put(&batch))
-        };
+        }
+        .map_err(std::sync::Arc::new);
         if r.is_ok() {
             self.stats
                 .written
@@ -421,10 +425,10 @@ impl RemoteTier {
             .iter()
             .map(|(id, _)| {
                 let res = if bad.contains(id) {
-                    Err(StoreError::Config(format!(
-                        "a block of {} shards of {} bytes was expected",
-                        g.shards_per_block, g.shard_bytes
-                    )))
+                    Err(StoreError::Config(ConfigError::BlockShape {
+                        shards: g.shards_per_block,
+                        shard_bytes: g.shard_bytes,
+                    }))
                 } else {
                     r.as_ref().map(|_| ()).map_err(again)
                 };
@@ -466,10 +470,10 @@ impl RemoteTier {
         let replies = match self.failed(replies) {
             Ok(r) if r.len() == wanted.len() => r,
             r => {
-                let e = match r {
+                let e = std::sync::Arc::new(match r {
                     Err(e) => e,
-                    Ok(_) => StoreError::Config("remote read: a reply of the wrong length".into()),
-                };
+                    Ok(_) => StoreError::Config(ConfigError::ReplyLength),
+                });
                 return out
                     .into_iter()
                     .map(|o| o.unwrap_or_else(|| Err(again(&e))))

@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::cluster::{cluster_pipe, ClusterClient, ClusterClientBuilder, ClusterConnection};
 
 use super::{Backend, Layout};
-use crate::error::{Result, StoreError};
+use crate::error::{ConfigError, Result, StoreError};
 
 /// A Redis or Valkey cluster.
 pub(super) struct RedisBackend {
@@ -80,7 +80,7 @@ impl RedisBackend {
             *guard = Some(c);
         }
         let Some(conn) = guard.as_mut() else {
-            return Err(StoreError::Config("remote tier: no connection".into()));
+            return Err(StoreError::Config(ConfigError::NoRemote("connection")));
         };
         f(conn).map_err(|source| {
             *guard = None;

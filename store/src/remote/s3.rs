@@ -17,7 +17,7 @@ use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig};
 
 use super::{Backend, Layout, RangedObject, S3Location};
-use crate::error::{Result, StoreError};
+use crate::error::{ConfigError, Result, StoreError};
 
 /// Requests in flight per batch.
 pub const CONCURRENCY: usize = 32;
@@ -74,7 +74,7 @@ impl S3Backend {
             .thread_name("ucm-s3")
             .enable_all()
             .build()
-            .map_err(|e| StoreError::Config(format!("S3 tier: no runtime: {e}")))?;
+            .map_err(|e| StoreError::Config(ConfigError::Runtime(e)))?;
         Ok(S3Backend {
             loc: loc.clone(),
             store: Arc::new(store),

@@ -4,7 +4,7 @@
 //! error in every build.
 
 use super::shown;
-use crate::error::{Result, StoreError};
+use crate::error::{bad_value, Result};
 
 /// The seed nodes of `redis://host:port[,host:port...]` (`valkey://` too,
 /// and a scheme on each node is accepted).
@@ -13,10 +13,11 @@ pub(crate) fn nodes_from_url(url: &str) -> Result<Vec<String>> {
         .strip_prefix("redis://")
         .or_else(|| url.strip_prefix("valkey://"))
         .ok_or_else(|| {
-            StoreError::Config(format!(
-                "remote tier URL `{}` must start with redis://, valkey:// or s3://",
-                shown(url)
-            ))
+            bad_value(
+                "remote tier URL",
+                format!("`{}`", shown(url)),
+                "redis://, valkey:// or s3://",
+            )
         })?;
     let mut nodes = Vec::new();
     for part in rest.split(',').map(str::trim) {
@@ -33,10 +34,11 @@ pub(crate) fn nodes_from_url(url: &str) -> Result<Vec<String>> {
                 && port.parse::<u16>().is_ok_and(|p| p > 0)
         });
         if !ok {
-            return Err(StoreError::Config(format!(
-                "remote tier URL: `{}` is not host:port",
-                shown(part)
-            )));
+            return Err(bad_value(
+                "remote tier URL node",
+                format!("`{}`", shown(part)),
+                "host:port",
+            ));
         }
         nodes.push(format!("redis://{part}"));
     }
@@ -66,8 +68,11 @@ fn plain(s: &str) -> bool {
 impl S3Location {
     /// Parses `s3://bucket[/prefix][?endpoint=URL&region=R]`.
     pub fn from_url(url: &str) -> Result<Self> {
-        let bad = |why: &str| StoreError::Config(format!("S3 URL `{}`: {why}", shown(url)));
-        let rest = url.strip_prefix("s3://").ok_or_else(|| bad("not s3://"))?;
+        let bad =
+            |expected: &'static str| bad_value("S3 URL", format!("`{}`", shown(url)), expected);
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| bad("s3://BUCKET[/PREFIX][?endpoint=URL&region=R]"))?;
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
         let prefix = prefix.trim_matches('/');
@@ -77,7 +82,7 @@ impl S3Location {
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-.".contains(c));
         if !bucket_ok {
             return Err(bad(
-                "the bucket must be 3-63 lowercase letters, digits, `-` or `.`",
+                "a bucket of 3-63 lowercase letters, digits, `-` or `.`",
             ));
         }
         if prefix.len() > 256
@@ -86,7 +91,7 @@ impl S3Location {
                 .all(|p| prefix.is_empty() || (!p.is_empty() && plain(p) && p != "." && p != ".."))
         {
             return Err(bad(
-                "the prefix must be `/`-separated names of letters, digits, `-`, `_` or `.`",
+                "a prefix of `/`-separated names of letters, digits, `-`, `_` or `.`",
             ));
         }
         let mut loc = S3Location {
@@ -107,11 +112,7 @@ impl S3Location {
                 Some(("region", v)) if !v.is_empty() && v.len() <= 64 && plain(v) => {
                     loc.region = Some(v.to_string());
                 }
-                _ => {
-                    return Err(bad(
-                        "options are endpoint=http(s)://host:port and region=NAME",
-                    ))
-                }
+                _ => return Err(bad("options endpoint=http(s)://host:port and region=NAME")),
             }
         }
         Ok(loc)
