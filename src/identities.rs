@@ -2,11 +2,26 @@
 //! identities a store directory holds, and removing them
 //! ([`ucm_coordinator::adapter::identities`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use ucm_coordinator::adapter::identities::{self, IdentityEntry};
+use ucm_coordinator::CoordError;
+
+/// Why `ucm info --store` or `ucm gc --store` did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentitiesError {
+    /// The store directory is not a directory.
+    #[error("{0:?}: not a directory")]
+    NotADirectory(PathBuf),
+    /// Listing or removing failed (or the digest is not one).
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    /// `gc --store` needs exactly one of `--identity` and `--max-idle`.
+    #[error("with --store, give one of --identity DIGEST or --max-idle DAYS")]
+    WhatToRemove,
+}
 
 /// One identity as `ucm info --store --json` prints it.
 #[derive(Serialize)]
@@ -37,15 +52,11 @@ fn row(e: IdentityEntry) -> IdentityRow {
 }
 
 /// The identities of the store directory `dir`.
-pub fn rows(dir: &Path) -> Result<Vec<IdentityRow>, String> {
+pub fn rows(dir: &Path) -> Result<Vec<IdentityRow>, IdentitiesError> {
     if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return Err(IdentitiesError::NotADirectory(dir.to_path_buf()));
     }
-    Ok(identities::list(dir)
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .map(row)
-        .collect())
+    Ok(identities::list(dir)?.into_iter().map(row).collect())
 }
 
 /// A table of `rows`: digest, model, bytes, idle time; then what the
@@ -92,20 +103,24 @@ pub fn render_text(dir: &Path, rows: &[IdentityRow]) -> String {
 
 /// Removes the identity `hex` from `dir`, or every identity idle longer
 /// than `max_idle`; returns a line saying what was removed.
-pub fn gc(dir: &Path, hex: Option<&str>, max_idle: Option<Duration>) -> Result<String, String> {
+pub fn gc(
+    dir: &Path,
+    hex: Option<&str>,
+    max_idle: Option<Duration>,
+) -> Result<String, IdentitiesError> {
     if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+        return Err(IdentitiesError::NotADirectory(dir.to_path_buf()));
     }
     match (hex, max_idle) {
         (Some(h), None) => {
-            let bytes = identities::remove(dir, h).map_err(|e| e.to_string())?;
+            let bytes = identities::remove(dir, h)?;
             Ok(format!(
                 "removed identity {h} ({bytes} bytes) from {}",
                 dir.display()
             ))
         }
         (None, Some(idle)) => {
-            let gone = identities::expire(dir, idle, None).map_err(|e| e.to_string())?;
+            let gone = identities::expire(dir, idle, None)?;
             let bytes: u64 = gone.iter().map(|g| g.1).sum();
             Ok(format!(
                 "removed {} identities idle over {} s ({bytes} bytes) from {}",
@@ -114,6 +129,6 @@ pub fn gc(dir: &Path, hex: Option<&str>, max_idle: Option<Duration>) -> Result<S
                 dir.display()
             ))
         }
-        _ => Err("with --store, give one of --identity DIGEST or --max-idle DAYS".into()),
+        _ => Err(IdentitiesError::WhatToRemove),
     }
 }

@@ -757,7 +757,7 @@ fn gc(a: GcArgs) -> Result<(), String> {
         };
         println!(
             "{}",
-            ucm::identities::gc(store, a.identity.as_deref(), idle)?
+            ucm::identities::gc(store, a.identity.as_deref(), idle).map_err(|e| e.to_string())?
         );
         return Ok(());
     }
@@ -1061,7 +1061,7 @@ fn trace(a: TraceArgs) -> Result<(), String> {
 }
 
 fn identities_info(json: bool, store: &std::path::Path) -> Result<(), String> {
-    let rows = ucm::identities::rows(store)?;
+    let rows = ucm::identities::rows(store).map_err(|e| e.to_string())?;
     if json {
         println!(
             "{}",

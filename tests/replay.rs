@@ -104,14 +104,18 @@ fn a_replay_whose_disk_tiers_fsync_each_file_serves_the_same_hits() {
 #[test]
 fn bad_replay_options_are_errors() {
     let mut cases = vec![
-        (vec!["--tp", "0"], "must be positive"),
-        (vec!["--faults", "1.5"], "not a probability"),
+        (vec!["--tp", "0"], "--tp 0: expected positive"),
+        (vec!["--turns", "0"], "--turns 0: expected positive"),
+        (
+            vec!["--faults", "1.5"],
+            "--faults 1.5: expected a probability",
+        ),
         (vec!["--spec", "nope.toml"], "nope.toml"),
         (vec!["--workload", "poetry"], "poetry"),
-        (vec!["--pp", "1000"], "more than the model's 96 layers"),
-        (vec!["--tp", "100000"], "--tp = 100000 exceeds 64"),
-        (vec!["--compute-us-per-token", "NaN"], "not a finite"),
-        (vec!["--compute-us-per-token", "inf"], "not a finite"),
+        (vec!["--pp", "1000"], "1000 for a model of 96 layers"),
+        (vec!["--tp", "100000"], "--tp 100000: expected at most 64"),
+        (vec!["--compute-us-per-token", "NaN"], "expected a finite"),
+        (vec!["--compute-us-per-token", "inf"], "expected a finite"),
         (vec!["--sync-mode", "fsync"], "expected auto or files"),
         (
             vec![
@@ -125,7 +129,10 @@ fn bad_replay_options_are_errors() {
     ];
     if !cfg!(feature = "failpoints") {
         // A binary built without fail points refuses faults up front.
-        cases.push((vec!["--faults", "0.2"], "build with --features failpoints"));
+        cases.push((
+            vec!["--faults", "0.2"],
+            "needs a build with the `failpoints` feature",
+        ));
     }
     for (args, want) in cases {
         let out = ucm().arg("replay").args(&args).output().unwrap();

@@ -56,7 +56,7 @@ pub enum SpecError {
         /// The row.
         index: usize,
         /// Why (the store's name rule).
-        why: ucm_store::paths::NameError,
+        why: ucm_store::NameError,
     },
     /// One group's row is wrong.
     #[error("group `{group}`: {problem}")]

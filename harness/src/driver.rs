@@ -51,9 +51,38 @@ pub enum HarnessError {
     /// A store could not be opened.
     #[error(transparent)]
     Store(#[from] ucm_store::StoreError),
-    /// An impossible configuration or request.
-    #[error("{0}")]
-    Config(String),
+    /// A zero count where each must be positive.
+    #[error("tp, pp, repeat and chunk must be positive")]
+    NotPositive,
+    /// More pipeline stages than the model has layers.
+    #[error("{stages} pipeline stages for a model of {layers} layers")]
+    TooManyStages {
+        /// Stages asked for.
+        stages: u32,
+        /// The model's layers.
+        layers: u32,
+    },
+    /// A request longer, with its output, than the engine was sized for.
+    #[error(
+        "request `{request}` has {tokens} tokens with its output; the engine was sized for {max}"
+    )]
+    RequestTooLong {
+        /// The request.
+        request: String,
+        /// Its tokens with its output.
+        tokens: usize,
+        /// The engine's size.
+        max: usize,
+    },
+    /// The engine's blocks are all in use.
+    #[error("no free engine blocks for request `{request}`")]
+    NoFreeBlocks {
+        /// The request.
+        request: String,
+    },
+    /// A rank's thread panicked (a bug).
+    #[error("a rank thread panicked")]
+    RankPanicked,
 }
 
 type Result<T> = std::result::Result<T, HarnessError>;
@@ -341,9 +370,7 @@ impl Engine {
     /// checkpoint directory is rebuilt from them.
     pub fn open(cfg: EngineConfig) -> Result<Engine> {
         if cfg.tp == 0 || cfg.pp == 0 || cfg.repeat == 0 || cfg.chunk == 0 {
-            return Err(HarnessError::Config(
-                "tp, pp, repeat and chunk must be positive".into(),
-            ));
+            return Err(HarnessError::NotPositive);
         }
         let spec = Arc::clone(&cfg.spec);
         let dev = Arc::new(HostDevice::new());
@@ -368,10 +395,10 @@ impl Engine {
         let alloc = BlockAllocator::new(&spec, cfg.max_tokens, cfg.slots, cfg.seed);
         let layers = spec.layer_count();
         if cfg.pp > layers.max(1) {
-            return Err(HarnessError::Config(format!(
-                "{} pipeline stages for a model of {layers} layers",
-                cfg.pp
-            )));
+            return Err(HarnessError::TooManyStages {
+                stages: cfg.pp,
+                layers,
+            });
         }
         let bounds: Vec<u32> = if cfg.stage_bounds.is_empty() {
             (1..cfg.pp).map(|s| layers * s / cfg.pp).collect()
@@ -493,13 +520,16 @@ impl Engine {
         let n = req.tokens.len();
         let total = n + req.output.len();
         if total > self.cfg.max_tokens {
-            return Err(HarnessError::Config(format!(
-                "request `{}` has {total} tokens with its output; the engine was sized for {}",
-                req.id, self.cfg.max_tokens
-            )));
+            return Err(HarnessError::RequestTooLong {
+                request: req.id.clone(),
+                tokens: total,
+                max: self.cfg.max_tokens,
+            });
         }
         let alloc = self.alloc.allocate(&self.cfg.spec, total).ok_or_else(|| {
-            HarnessError::Config(format!("no free engine blocks for request `{}`", req.id))
+            HarnessError::NoFreeBlocks {
+                request: req.id.clone(),
+            }
         })?;
         for rk in &mut self.ranks {
             poison_allocation(&self.dev, &self.cfg.spec, rk, &alloc)?;
@@ -679,11 +709,7 @@ impl Engine {
                 .map(|(rk, save, f)| s.spawn(move || rank_step(ctx, rk, meta, chunk, save, f)))
                 .collect();
             hs.into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(HarnessError::Config("a rank thread panicked".into()))
-                    })
-                })
+                .map(|h| h.join().unwrap_or_else(|_| Err(HarnessError::RankPanicked)))
                 .collect()
         });
         results.into_iter().collect()

@@ -164,9 +164,10 @@ impl Faults {
                 #[cfg(not(feature = "failpoints"))]
                 {
                     let _ = path;
-                    return Err(super::ReplayError::Config(
-                        "--faults injects I/O errors through fail points: build with --features failpoints".into(),
-                    ));
+                    return Err(super::ReplayError::NotBuilt {
+                        flag: "--faults (I/O errors through fail points)",
+                        feature: "failpoints",
+                    });
                 }
             }
             FaultKind::Storm => {

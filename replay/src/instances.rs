@@ -34,10 +34,15 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::report::{ratio, ModeReport};
-use super::{prepare, reusable, run_mode, workload, Mode, ReplayConfig, ReplayError, Result};
+use super::{
+    bad_option, io_err, prepare, reusable, run_mode, workload, Mode, ReplayConfig, ReplayError,
+    Result,
+};
 
 /// At most this many instances.
 pub const MAX_INSTANCES: usize = 64;
+// The refusal of `--instances` states the bound in words.
+const _: () = assert!(MAX_INSTANCES == 64);
 
 /// This process's part in a multi-instance replay.
 #[derive(Clone, Debug)]
@@ -92,6 +97,42 @@ pub struct InstancesReport {
     pub checked_items: u64,
 }
 
+/// How one instance of a multi-instance run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceFailure {
+    /// Its process could not be waited for.
+    #[error("instance {index}: {source}")]
+    Wait {
+        /// The instance.
+        index: usize,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It exited with a failure.
+    #[error("instance {index} failed ({status}): {tail}")]
+    Exit {
+        /// The instance.
+        index: usize,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// The last line it wrote to stderr.
+        tail: String,
+    },
+    /// Its report does not parse.
+    #[error("instance {index}: its report does not parse: {source}")]
+    Report {
+        /// The instance.
+        index: usize,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A thread reading its output panicked (a bug).
+    #[error("a reader thread panicked")]
+    ReaderPanicked,
+}
+
 /// The instance a request runs on.
 pub fn placement(session: usize, turn: usize, count: usize) -> usize {
     (session + turn) % count.max(1)
@@ -99,14 +140,14 @@ pub fn placement(session: usize, turn: usize, count: usize) -> usize {
 
 fn check(cfg: &ReplayConfig, count: usize) -> Result<()> {
     if !(2..=MAX_INSTANCES).contains(&count) {
-        return Err(ReplayError::Config(format!(
-            "--instances {count}: between 2 and {MAX_INSTANCES}"
-        )));
+        return Err(bad_option("--instances", count, "between 2 and 64"));
     }
     if cfg.faults > 0.0 {
-        return Err(ReplayError::Config(
-            "--faults restarts engines mid-run; it does not combine with --instances".into(),
-        ));
+        return Err(ReplayError::Conflict {
+            flag: "--faults",
+            why: "restarts engines mid-run",
+            other: "--instances",
+        });
     }
     Ok(())
 }
@@ -122,16 +163,14 @@ fn store_dir(cfg: &ReplayConfig, role: &InstanceRole) -> PathBuf {
 
 /// Runs this process's instance (the child side).
 pub fn run_instance(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<InstanceReport> {
-    let role = cfg
-        .instance
-        .clone()
-        .ok_or_else(|| ReplayError::Config("not an instance of a multi-instance run".into()))?;
+    let role = cfg.instance.clone().ok_or(ReplayError::NotAnInstance)?;
     check(cfg, role.count)?;
     if role.index >= role.count {
-        return Err(ReplayError::Config(format!(
-            "instance {} of {}",
-            role.index, role.count
-        )));
+        return Err(bad_option(
+            "--instance",
+            format!("{} of {}", role.index, role.count),
+            "below --instance-count",
+        ));
     }
     let ctx = prepare(cfg)?;
     let all = workload(cfg);
@@ -144,8 +183,7 @@ pub fn run_instance(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Insta
         .unzip();
     let own = reusable(&mine);
     let dir = store_dir(cfg, &role);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| ReplayError::Config(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
     let report = run_mode(cfg, &ctx, &mine, &reuse, Mode::Ucm, Some(&dir), progress)?;
     let grid = ctx.spec.chain_grid();
     let mut own_reusable_tokens = 0;
@@ -194,7 +232,7 @@ pub fn run_parent(
 ) -> Result<InstancesReport> {
     check(cfg, count)?;
     let scratch = ucm_harness::scratch::Scratch::new(&cfg.dir, "replay-instances")
-        .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?;
+        .map_err(io_err(&cfg.dir))?;
     let base = child_args(args);
     let mut children = Vec::new();
     for k in 0..count {
@@ -211,53 +249,57 @@ pub fn run_parent(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| ReplayError::Config(format!("{}: {e}", exe.display())))?;
+            .map_err(io_err(exe))?;
         children.push(child);
     }
     let started = Instant::now();
-    let results: Vec<std::result::Result<InstanceReport, String>> = std::thread::scope(|s| {
-        let handles: Vec<_> = children
-            .into_iter()
-            .enumerate()
-            .map(|(k, mut child)| {
-                s.spawn(move || {
-                    let err = child.stderr.take();
-                    let out = child.stdout.take();
-                    let (tail, json) = std::thread::scope(|s2| {
-                        let t = s2.spawn(|| {
-                            let mut tail = String::new();
-                            if let Some(err) = err {
-                                for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
-                                    progress(&format!("instance {k}: {line}"));
-                                    tail = line;
+    let results: Vec<std::result::Result<InstanceReport, InstanceFailure>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = children
+                .into_iter()
+                .enumerate()
+                .map(|(k, mut child)| {
+                    s.spawn(move || {
+                        let err = child.stderr.take();
+                        let out = child.stdout.take();
+                        let (tail, json) = std::thread::scope(|s2| {
+                            let t = s2.spawn(|| {
+                                let mut tail = String::new();
+                                if let Some(err) = err {
+                                    for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
+                                        progress(&format!("instance {k}: {line}"));
+                                        tail = line;
+                                    }
                                 }
+                                tail
+                            });
+                            let mut json = String::new();
+                            if let Some(mut out) = out {
+                                use std::io::Read;
+                                let _ = out.read_to_string(&mut json);
                             }
-                            tail
+                            (t.join().unwrap_or_default(), json)
                         });
-                        let mut json = String::new();
-                        if let Some(mut out) = out {
-                            use std::io::Read;
-                            let _ = out.read_to_string(&mut json);
+                        let status = child
+                            .wait()
+                            .map_err(|source| InstanceFailure::Wait { index: k, source })?;
+                        if !status.success() {
+                            return Err(InstanceFailure::Exit {
+                                index: k,
+                                status,
+                                tail,
+                            });
                         }
-                        (t.join().unwrap_or_default(), json)
-                    });
-                    let status = child.wait().map_err(|e| e.to_string())?;
-                    if !status.success() {
-                        return Err(format!("instance {k} failed ({status}): {tail}"));
-                    }
-                    serde_json::from_str::<InstanceReport>(json.trim())
-                        .map_err(|e| format!("instance {k}: its report does not parse: {e}"))
+                        serde_json::from_str::<InstanceReport>(json.trim())
+                            .map_err(|source| InstanceFailure::Report { index: k, source })
+                    })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a reader thread panicked".into()))
-            })
-            .collect()
-    });
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(InstanceFailure::ReaderPanicked)))
+                .collect()
+        });
     progress(&format!(
         "{count} instances done in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -271,7 +313,7 @@ pub fn run_parent(
         }
     }
     if !failures.is_empty() {
-        return Err(ReplayError::Config(failures.join("\n")));
+        return Err(ReplayError::Instances(failures));
     }
     per.sort_by_key(|r| r.index);
     drop(scratch);

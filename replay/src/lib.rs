@@ -202,10 +202,10 @@ impl SabotageKind {
             #[cfg(not(feature = "sabotage"))]
             Some(_) => {
                 let _ = e;
-                Err(ReplayError::Config(
-                    "--sabotage is a test-only switch; this build leaves it out (feature `sabotage`)"
-                        .into(),
-                ))
+                Err(ReplayError::NotBuilt {
+                    flag: "--sabotage (a test-only switch)",
+                    feature: "sabotage",
+                })
             }
         }
     }
@@ -232,9 +232,87 @@ pub enum ReplayError {
     /// The engine harness failed.
     #[error(transparent)]
     Harness(#[from] HarnessError),
-    /// A bad option or an impossible run.
-    #[error("{0}")]
-    Config(String),
+    /// An option outside what it takes.
+    #[error("{flag} {value}: expected {expected}")]
+    Option {
+        /// The option (`--tp`, `--faults`, ...).
+        flag: &'static str,
+        /// Its value, as given.
+        value: String,
+        /// What it takes.
+        expected: &'static str,
+    },
+    /// Two options that do not combine.
+    #[error("{flag} {why}; it does not combine with {other}")]
+    Conflict {
+        /// The option.
+        flag: &'static str,
+        /// What it does.
+        why: &'static str,
+        /// The option it does not combine with.
+        other: &'static str,
+    },
+    /// An option this build leaves out.
+    #[error("{flag} needs a build with the `{feature}` feature")]
+    NotBuilt {
+        /// The option.
+        flag: &'static str,
+        /// The Cargo feature.
+        feature: &'static str,
+    },
+    /// A rerun of a mode served other tokens than its first run.
+    #[error(
+        "{mode}: a rerun served {again_cached} tokens ({again_wrong} wrong), the first \
+         {first_cached} ({first_wrong} wrong): the replay is not deterministic"
+    )]
+    NotDeterministic {
+        /// The mode.
+        mode: &'static str,
+        /// Tokens served by the rerun.
+        again_cached: u64,
+        /// Its wrong hits.
+        again_wrong: u64,
+        /// Tokens served by the first run.
+        first_cached: u64,
+        /// Its wrong hits.
+        first_wrong: u64,
+    },
+    /// A directory or process of the run could not be made.
+    #[error("{path:?}: {source}")]
+    Io {
+        /// The directory or executable.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A child-only run started outside a multi-instance run.
+    #[error("not an instance of a multi-instance run")]
+    NotAnInstance,
+    /// Instances of a multi-instance run failed.
+    #[error("{}", .0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"))]
+    Instances(Vec<instances::InstanceFailure>),
+}
+
+/// An [`ReplayError::Io`] maker for `path`.
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReplayError + '_ {
+    move |source| ReplayError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// An [`ReplayError::Option`].
+pub(crate) fn bad_option(
+    flag: &'static str,
+    value: impl std::fmt::Display,
+    expected: &'static str,
+) -> ReplayError {
+    ReplayError::Option {
+        flag,
+        value: value.to_string(),
+        expected,
+    }
 }
 
 type Result<T> = std::result::Result<T, ReplayError>;
@@ -316,7 +394,7 @@ fn run_mode(
         Some(_) => None,
         None => Some(
             ucm_harness::scratch::Scratch::new(&cfg.dir, &format!("replay-{}", mode.name()))
-                .map_err(|e| ReplayError::Config(format!("{}: {e}", cfg.dir.display())))?,
+                .map_err(io_err(&cfg.dir))?,
         ),
     };
     let dir = match (store_dir, &scratch) {
@@ -466,15 +544,13 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
                 // Injected faults fire by timing too; without them a run is
                 // a function of its seed.
                 if differs && cfg.faults == 0.0 {
-                    return Err(ReplayError::Config(format!(
-                        "{}: a rerun served {} tokens ({} wrong), the first {} ({} wrong): \
-                         the replay is not deterministic",
-                        m.name(),
-                        again.cached_tokens,
-                        again.wrong_hits,
-                        r.cached_tokens,
-                        r.wrong_hits
-                    )));
+                    return Err(ReplayError::NotDeterministic {
+                        mode: m.name(),
+                        again_cached: again.cached_tokens,
+                        again_wrong: again.wrong_hits,
+                        first_cached: r.cached_tokens,
+                        first_wrong: r.wrong_hits,
+                    });
                 }
                 r.ttft_ms_reruns.push(again.ttft_ms);
             }
@@ -487,58 +563,64 @@ pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
 
 /// Checks the options and loads the spec (full and scaled).
 fn prepare(cfg: &ReplayConfig) -> Result<Ctx> {
-    if cfg.tp == 0 || cfg.pp == 0 || cfg.bytes_scale == 0 || cfg.sessions == 0 || cfg.turns == 0 {
-        return Err(ReplayError::Config(
-            "tp, pp, bytes-scale, sessions and turns must be positive".into(),
-        ));
+    let positive = [
+        ("--tp", cfg.tp as u64),
+        ("--pp", cfg.pp as u64),
+        ("--bytes-scale", cfg.bytes_scale),
+        ("--sessions", cfg.sessions as u64),
+        ("--turns", cfg.turns as u64),
+    ];
+    if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
+        return Err(bad_option(flag, 0, "positive"));
     }
     let bounded = [
-        ("--tp", cfg.tp as u64, 64),
-        ("--sessions", cfg.sessions as u64, 4096),
-        ("--turns", cfg.turns as u64, 256),
+        ("--tp", cfg.tp as u64, 64, "at most 64"),
+        ("--sessions", cfg.sessions as u64, 4096, "at most 4096"),
+        ("--turns", cfg.turns as u64, 256, "at most 256"),
         (
             "--sessions x --turns",
             (cfg.sessions as u64).saturating_mul(cfg.turns as u64),
             65_536,
+            "at most 65536",
         ),
-        ("chunk", cfg.chunk, 1 << 24),
+        ("chunk", cfg.chunk, 1 << 24, "at most 16777216"),
     ];
-    for (name, v, max) in bounded {
+    for (flag, v, max, expected) in bounded {
         if v > max {
-            return Err(ReplayError::Config(format!("{name} = {v} exceeds {max}")));
+            return Err(bad_option(flag, v, expected));
         }
     }
     if !cfg.compute_us_per_token.is_finite() || cfg.compute_us_per_token < 0.0 {
-        return Err(ReplayError::Config(format!(
-            "--compute-us-per-token {} is not a finite, non-negative duration",
-            cfg.compute_us_per_token
-        )));
+        return Err(bad_option(
+            "--compute-us-per-token",
+            cfg.compute_us_per_token,
+            "a finite, non-negative duration",
+        ));
     }
     if !(0.0..=1.0).contains(&cfg.faults) {
-        return Err(ReplayError::Config(format!(
-            "--faults {} is not a probability",
-            cfg.faults
-        )));
+        return Err(bad_option("--faults", cfg.faults, "a probability"));
     }
     if cfg.faults > 0.0 && cfg.no_disk {
-        return Err(ReplayError::Config(
-            "--faults injects disk faults; it does not combine with --no-disk".into(),
-        ));
+        return Err(ReplayError::Conflict {
+            flag: "--faults",
+            why: "injects disk faults",
+            other: "--no-disk",
+        });
     }
     if cfg.faults > 0.0 && !cfg!(feature = "failpoints") {
-        return Err(ReplayError::Config(
-            "--faults injects I/O errors through fail points: build with --features failpoints"
-                .into(),
-        ));
+        return Err(ReplayError::NotBuilt {
+            flag: "--faults (I/O errors through fail points)",
+            feature: "failpoints",
+        });
     }
     let full = Arc::new(SpecTable::load(&cfg.spec)?);
     let spec = Arc::new(full.scaled(cfg.bytes_scale));
     if cfg.pp > spec.layer_count() {
-        return Err(ReplayError::Config(format!(
-            "--pp {} is more than the model's {} layers",
-            cfg.pp,
-            spec.layer_count()
-        )));
+        return Err(bad_option(
+            "--pp",
+            format!("{} for a model of {} layers", cfg.pp, spec.layer_count()),
+            "at most the model's layers",
+        ));
     }
     Ok(Ctx { spec, full })
 }

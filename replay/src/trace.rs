@@ -67,7 +67,7 @@ pub enum TraceError {
         /// The line number.
         line: usize,
         /// What is wrong with it.
-        why: String,
+        why: LineError,
     },
     /// The file holds no request.
     Empty,
@@ -97,32 +97,84 @@ struct RawRequest {
     hash_ids: Vec<u64>,
 }
 
+/// What is wrong with one line of a trace ([`TraceError::Line`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// Not a JSON object of the format (the parser's message, cut to 200
+    /// bytes).
+    #[error("{message}")]
+    Json {
+        /// The parser's message.
+        message: String,
+    },
+    /// A line longer than [`MAX_LINE`] bytes.
+    #[error("longer than {MAX_LINE} bytes")]
+    TooLong,
+    /// A line that is not UTF-8.
+    #[error("not UTF-8")]
+    NotUtf8,
+    /// A timestamp before the previous request's.
+    #[error("timestamp {timestamp} before the previous request's {previous}")]
+    Backwards {
+        /// This request's.
+        timestamp: u64,
+        /// The previous request's.
+        previous: u64,
+    },
+    /// `input_length` of 0 or above [`MAX_INPUT`].
+    #[error("input_length {value} is outside 1..={MAX_INPUT}")]
+    InputLength {
+        /// The value.
+        value: u64,
+    },
+    /// `output_length` above [`MAX_OUTPUT`].
+    #[error("output_length {value} is above {MAX_OUTPUT}")]
+    OutputLength {
+        /// The value.
+        value: u64,
+    },
+    /// Another number of `hash_ids` than `input_length` has blocks.
+    #[error(
+        "{got} hash_ids for input_length {input_length} ({blocks} blocks of {TRACE_BLOCK} tokens)"
+    )]
+    HashIds {
+        /// `hash_ids` given.
+        got: usize,
+        /// The request's `input_length`.
+        input_length: u64,
+        /// Its blocks.
+        blocks: u64,
+    },
+}
+
 /// Parses one line (no newline) as a request.
-pub fn parse_line(text: &str) -> Result<TraceRequest, String> {
+pub fn parse_line(text: &str) -> Result<TraceRequest, LineError> {
     let raw: RawRequest = serde_json::from_str(text).map_err(|e| {
-        let mut s = e.to_string();
-        s.truncate(200);
-        s
+        let mut message = e.to_string();
+        let mut cut = message.len().min(200);
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        LineError::Json { message }
     })?;
     if raw.input_length == 0 || raw.input_length > MAX_INPUT {
-        return Err(format!(
-            "input_length {} is outside 1..={MAX_INPUT}",
-            raw.input_length
-        ));
+        return Err(LineError::InputLength {
+            value: raw.input_length,
+        });
     }
     if raw.output_length > MAX_OUTPUT {
-        return Err(format!(
-            "output_length {} is above {MAX_OUTPUT}",
-            raw.output_length
-        ));
+        return Err(LineError::OutputLength {
+            value: raw.output_length,
+        });
     }
     let blocks = raw.input_length.div_ceil(TRACE_BLOCK);
     if raw.hash_ids.len() as u64 != blocks {
-        return Err(format!(
-            "{} hash_ids for input_length {} ({blocks} blocks of {TRACE_BLOCK} tokens)",
-            raw.hash_ids.len(),
-            raw.input_length
-        ));
+        return Err(LineError::HashIds {
+            got: raw.hash_ids.len(),
+            input_length: raw.input_length,
+            blocks,
+        });
     }
     Ok(TraceRequest {
         timestamp_ms: raw.timestamp,
@@ -151,12 +203,12 @@ pub fn read_trace_from<R: BufRead>(mut reader: R) -> Result<Vec<TraceRequest>, T
         if line.len() > MAX_LINE {
             return Err(TraceError::Line {
                 line: n,
-                why: format!("longer than {MAX_LINE} bytes"),
+                why: LineError::TooLong,
             });
         }
         let text = std::str::from_utf8(&line).map_err(|_| TraceError::Line {
             line: n,
-            why: "not UTF-8".into(),
+            why: LineError::NotUtf8,
         })?;
         let text = text.trim();
         if text.is_empty() {
@@ -166,10 +218,10 @@ pub fn read_trace_from<R: BufRead>(mut reader: R) -> Result<Vec<TraceRequest>, T
         if r.timestamp_ms < last {
             return Err(TraceError::Line {
                 line: n,
-                why: format!(
-                    "timestamp {} before the previous request's {last}",
-                    r.timestamp_ms
-                ),
+                why: LineError::Backwards {
+                    timestamp: r.timestamp_ms,
+                    previous: last,
+                },
             });
         }
         last = r.timestamp_ms;

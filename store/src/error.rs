@@ -203,7 +203,7 @@ pub enum ConfigError {
     NoTierForSet,
     /// A name that becomes a path or a shared segment is not plain.
     #[error(transparent)]
-    Name(#[from] crate::paths::NameError),
+    Name(#[from] NameError),
     /// A remote tier of another geometry than the store's.
     #[error("a remote tier's geometry ({remote}) is not the store's ({store})")]
     RemoteGeometry {
@@ -248,6 +248,19 @@ pub(crate) fn bad_value(
         value: value.to_string(),
         expected,
     })
+}
+
+/// A name that is not a plain identifier ([`check_name`](crate::paths::check_name)).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{what} {name:?} is not a plain name (1-64 letters, digits, `_` or `-`, \
+     starting with a letter or digit)"
+)]
+pub struct NameError {
+    /// The field (`group name`, `shared pool prefix`).
+    pub what: &'static str,
+    /// The name given, cut to 64 characters, control characters replaced.
+    pub name: String,
 }
 
 /// Result alias of the `store` crate.

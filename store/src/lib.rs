@@ -92,7 +92,7 @@ pub use block::{
     TieredBlockStore,
 };
 pub use disk::{DiskConfig, DiskTier, GcReport, ReadSession, SyncMode};
-pub use error::{ConfigError, Result, StoreError};
+pub use error::{ConfigError, NameError, Result, StoreError};
 pub use failure::{Failure, FailureKind};
 pub use geometry::{BlockId, Geometry};
 pub use pool::{Acquire, ClockPool, PoolConfig, PoolMode};

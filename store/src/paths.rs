@@ -15,11 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
-use crate::error::{Result, StoreError};
+use crate::error::{NameError, Result, StoreError};
 use ucm_device::io::fs as iofs;
 
 /// Longest plain name (a group name, a shared-pool prefix).
 pub const MAX_NAME: usize = 64;
+// NameError states the bound in words.
+const _: () = assert!(MAX_NAME == 64);
 
 /// Largest geometry marker read (its text is a line of a few dozen bytes).
 pub const MAX_MARKER_BYTES: u64 = 4096;
@@ -28,19 +30,6 @@ pub const MAX_MARKER_BYTES: u64 = 4096;
 /// on a shared file system) is removed once it is this old. A live writer
 /// renames or removes its files within seconds.
 pub const STALE_TMP_AGE: Duration = Duration::from_secs(15 * 60);
-
-/// A name that is not a plain identifier ([`check_name`]).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{what} {name:?} is not a plain name (1-{MAX_NAME} letters, digits, `_` or `-`, \
-     starting with a letter or digit)"
-)]
-pub struct NameError {
-    /// The field (`group name`, `shared pool prefix`).
-    pub what: &'static str,
-    /// The name given, cut to 64 characters, control characters replaced.
-    pub name: String,
-}
 
 /// Checks that `name` is a plain identifier: 1 to [`MAX_NAME`] letters,
 /// digits, `_` or `-`, starting with a letter or digit. `what` names the

@@ -22,6 +22,8 @@ use ucm_harness::{Engine, EngineConfig, Request};
 
 /// Most requests a byte-moving sample takes.
 pub const MAX_SAMPLE: usize = 2000;
+// The refusal of `--limit` states the bound in words.
+const _: () = assert!(MAX_SAMPLE == 2000);
 
 /// What the sample found.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -61,9 +63,11 @@ pub fn run_sample(
     progress: &dyn Fn(&str),
 ) -> Result<SampleReport, ReplayError> {
     if trace.len() > MAX_SAMPLE {
-        return Err(ReplayError::Config(format!(
-            "a byte-moving sample takes at most {MAX_SAMPLE} requests (--limit)"
-        )));
+        return Err(ReplayError::Option {
+            flag: "--limit",
+            value: trace.len().to_string(),
+            expected: "at most 2,000 requests for a byte-moving sample",
+        });
     }
     let model = Model::new(spec.clone());
     let unlimited = SimConfig {
@@ -72,8 +76,8 @@ pub fn run_sample(
         ..cfg.clone()
     };
     let mut sim = Sim::new(&model, SimMode::Ucm, 0, &unlimited);
-    let scratch = ucm_harness::scratch::Scratch::new(dir, "replay-sample")
-        .map_err(|e| ReplayError::Config(format!("{}: {e}", dir.display())))?;
+    let scratch =
+        ucm_harness::scratch::Scratch::new(dir, "replay-sample").map_err(crate::io_err(dir))?;
     let max_tokens = trace
         .iter()
         .map(|r| (r.input_length + r.output_length) as usize)
