@@ -75,14 +75,19 @@ impl fmt::Display for Pattern {
     }
 }
 
-impl FromStr for Pattern {
-    type Err = String;
+/// A name that is not one of [`Pattern::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown op {0:?} (seq_write, seq_read, rand_write, rand_read)")]
+pub struct UnknownPattern(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for Pattern {
+    type Err = UnknownPattern;
+
+    fn from_str(s: &str) -> Result<Self, UnknownPattern> {
         Pattern::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| format!("unknown op {s:?} (seq_write, seq_read, rand_write, rand_read)"))
+            .ok_or_else(|| UnknownPattern(s.chars().take(64).collect()))
     }
 }
 
