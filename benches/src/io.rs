@@ -161,7 +161,8 @@ pub struct IoBenchRecord {
     /// any engine serving this client, see `run_loop`; D70).
     pub loop_gib_s: f64,
     /// Ours over the loop, the median of the per-round ratios: what the
-    /// engine itself costs.
+    /// engine itself costs. The POSIX engine's goal is judged on it
+    /// (>= 0.9; D70); fio's ratio is reported beside it.
     pub loop_ratio: f64,
     /// Ours over the same-pattern loop round by round.
     pub loop_paired: Paired,
