@@ -127,6 +127,16 @@ pub struct StoreBenchRecord {
     /// Ours over the serial limit round by round.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub serial_paired: Option<Paired>,
+    /// Disk paths: the serial limit with the store's checksum pass added,
+    /// `1 / (1/fio + 1/memcpy + 1/crc32c)`: a dump checksums every shard
+    /// it writes and a cold load every shard it reads, a third pass over
+    /// each byte that neither fio nor memcpy makes ([`crc_rate`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked_limit: Option<f64>,
+    /// Ours over the checked limit, round by round, their median and
+    /// quartiles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked_paired: Option<Paired>,
     /// The machine's 1-minute load average when the bench started.
     pub load_average: Option<f64>,
     /// `dump_cold`: the disk tier's sync mode, and the `syncfs` calls of
@@ -184,6 +194,8 @@ pub(super) fn record(
         serial_limit: None,
         serial_ratio: None,
         serial_paired: None,
+        checked_limit: None,
+        checked_paired: None,
         load_average: None,
         sync_mode: None,
         fs_syncs: None,
@@ -197,6 +209,7 @@ fn disk_record(
     ours: &[f64],
     fio: &[f64],
     memcpy: &[f64],
+    crc: &[f64],
 ) -> StoreBenchRecord {
     let mut r = record(path, shard_bytes, ours, fio, false);
     let serial = |f: f64, m: f64| 1.0 / (1.0 / f + 1.0 / m);
@@ -221,8 +234,57 @@ fn disk_record(
         let p = Paired::of(ours, &rounds, 3);
         r.serial_ratio = Some(p.median);
         r.serial_paired = Some(p);
+        let crc_median = Spread::of(crc).median;
+        if crc_median > 0.0 {
+            let three = |f: f64, m: f64, c: f64| 1.0 / (1.0 / f + 1.0 / m + 1.0 / c);
+            r.checked_limit = Some(round_to(three(f, memcpy_median, crc_median), 3));
+            let rounds: Vec<f64> = fio
+                .iter()
+                .zip(memcpy)
+                .zip(crc)
+                .map(|((&f, &m), &c)| {
+                    if f > 0.0 && m > 0.0 && c > 0.0 {
+                        three(f, m, c)
+                    } else {
+                        f64::NAN
+                    }
+                })
+                .collect();
+            r.checked_paired = Some(Paired::of(ours, &rounds, 3));
+        }
     }
     r
+}
+
+/// GiB/s of the store's shard checksum (CRC-32C) over `data`, one shard
+/// at a time, split over as many threads as the store has workers: the
+/// third pass a dump or a cold load makes over every byte.
+pub(super) fn crc_rate(data: &[u8], shard_bytes: usize) -> Result<f64, StoreBenchError> {
+    let part = data
+        .len()
+        .div_ceil(STORE_WORKERS)
+        .next_multiple_of(shard_bytes.max(1));
+    let t = Instant::now();
+    let sums: u32 = std::thread::scope(|sc| {
+        let handles: Vec<_> = data
+            .chunks(part)
+            .map(|c| {
+                sc.spawn(move || {
+                    c.chunks(shard_bytes.max(1))
+                        .fold(0u32, |a, s| a ^ crc32c::crc32c(s))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| StoreBenchError::Other("a checksum thread panicked".into()))
+            })
+            .try_fold(0u32, |a, r| r.map(|x| a ^ x))
+    })?;
+    std::hint::black_box(sums);
+    Ok(gib_s(data.len() as u64, t.elapsed().as_secs_f64()))
 }
 
 pub(super) fn id(n: u64) -> BlockId {
@@ -482,6 +544,11 @@ fn run_size(
     let dst = dev.alloc_device(bytes)?;
     // Pre-fault the destination (the source is already written).
     memcpy_limit(&dev, &dst, &src, bytes)?;
+    // The source's bytes in host memory, for the checksum rate: the
+    // pattern `pattern_source` repeats.
+    let chunk = ucm_device::conformance::pattern(11, (1usize << 20).min(bytes));
+    let host_copy: Vec<u8> = chunk.iter().copied().cycle().take(bytes).collect();
+    let mut crc = Vec::new();
     for rep in 0..reps {
         progress(&format!("round {}/{reps}", rep + 1));
         let rdir = dir.join(format!("r{rep}"));
@@ -524,6 +591,7 @@ fn run_size(
         // The memcpy limit of the pool paths (see the module).
         let m = memcpy_limit(&dev, &dst, &src, bytes)?;
         memcpy.push(m);
+        crc.push(crc_rate(&host_copy, shard_bytes)?);
 
         // load_warm: everything again, from the pool.
         let hits = st
@@ -565,12 +633,12 @@ fn run_size(
         let _ = std::fs::remove_dir_all(&rdir);
     }
     let _ = std::fs::remove_file(&fio_file);
-    let mut dump_record = disk_record("dump_cold", shard_bytes, &dump, &fio_w, &memcpy);
+    let mut dump_record = disk_record("dump_cold", shard_bytes, &dump, &fio_w, &memcpy, &crc);
     dump_record.sync_mode = Some(cfg.sync.to_string());
     dump_record.fs_syncs = fs_syncs;
     Ok(vec![
         dump_record,
-        disk_record("load_cold", shard_bytes, &load_cold, &fio_r, &memcpy),
+        disk_record("load_cold", shard_bytes, &load_cold, &fio_r, &memcpy, &crc),
         record("load_warm", shard_bytes, &warm, &memcpy, false),
         record("load_layerwise", shard_bytes, &layerwise, &memcpy, false),
     ])

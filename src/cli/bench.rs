@@ -497,6 +497,10 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
                     .as_ref()
                     .map(|s| format!("  (vs fio+memcpy {})", s.text(3)))
                     .unwrap_or_default()
+                    + &r.checked_paired
+                        .as_ref()
+                        .map(|s| format!(" (vs fio+memcpy+crc32c {})", s.text(3)))
+                        .unwrap_or_default()
             );
         }
     }
