@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""One round of upstream UCM's store on the workload of `ucm bench store`,
+printed as JSON lines in the same shape (`path`, `shard_bytes`, `gib_s` or
+`blocks_s`), plus `lost` (shards read back wrong or missing).
+
+Run by scripts/bench-upstream.sh with upstream's Python package (built from
+the user's checkout) on PYTHONPATH; it never imports this repository's
+`ucm`. Usage: bench_upstream.py DIR SHARD_BYTES [--bytes N] [--shards 32]
+[--direct]
+
+Workload (as `ucm bench store`): `bytes / (shards * shard)` blocks of
+`shards` shards, one shard per layer tensor, on host memory (upstream's
+`simu` runtime):
+- dump_cold: the Posix store alone, every shard, waited for;
+- load_cold: a fresh Cache|Posix store (empty cache) loads everything; every
+  shard is compared with what was dumped (outside the timing);
+- load_warm: the same store again (cache hits);
+- load_layerwise: one shard index at a time across all blocks;
+- lookup_disk / lookup_pool: 10,000 ids of which 9,000 are stored (one 4 KiB
+  shard each), through the Posix store and through Cache|Posix after the
+  same ids were dumped through it.
+"""
+import argparse
+import json
+import os
+import secrets
+import shutil
+import time
+
+import torch
+from ucm.store.pipeline.connector import UcmPipelineStore
+
+LOOKUP_IDS = 10_000
+LOOKUP_PRESENT = 9_000
+
+
+def config(pipeline, d, shard, shards, direct, cache_bytes):
+    c = {
+        "store_pipeline": pipeline,
+        "storage_backends": [d],
+        "unique_id": secrets.token_hex(8),
+        "timeout_ms": 60_000,
+        "tensor_size": shard,
+        "shard_size": shard,
+        "block_size": shard * shards,
+        "share_buffer_enable": True,
+        "io_direct": direct,
+        "device_id": 0,
+        "posix_data_trans_concurrency": 32,
+        "posix_lookup_concurrency": 32,
+    }
+    if cache_bytes:
+        c["cache_buffer_capacity_gb"] = max(1, cache_bytes >> 30)
+    return c
+
+
+def gib_s(n, secs):
+    return n / (1 << 30) / secs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("shard", type=int)
+    ap.add_argument("--bytes", type=int, default=1 << 30)
+    ap.add_argument("--shards", type=int, default=32)
+    ap.add_argument("--direct", action="store_true")
+    a = ap.parse_args()
+    shard, shards = a.shard, a.shards
+    blocks = a.bytes // (shard * shards)
+    root = os.path.join(a.dir, f"up-{secrets.token_hex(4)}")
+    os.makedirs(root)
+    recs = []
+    rec = lambda path, sb, **kw: recs.append({"path": path, "shard_bytes": sb, **kw})
+    try:
+        ids = [secrets.token_bytes(16) for _ in range(blocks)]
+        keys = [(b, s) for b in range(blocks) for s in range(shards)]
+        src = {k: torch.randint(0, 256, (shard,), dtype=torch.uint8) for k in keys}
+        total = blocks * shards * shard
+
+        posix = UcmPipelineStore(config("Posix", root, shard, shards, a.direct, 0))
+        t0 = time.perf_counter()
+        posix.wait(posix.dump([ids[b] for b, _ in keys], [s for _, s in keys], [[src[k]] for k in keys]))
+        rec("dump_cold", shard, gib_s=gib_s(total, time.perf_counter() - t0))
+        del posix
+
+        cache = UcmPipelineStore(config("Cache|Posix", root, shard, shards, a.direct, 2 * total))
+        dst = {k: torch.zeros_like(v) for k, v in src.items()}
+        t0 = time.perf_counter()
+        cache.wait(cache.load([ids[b] for b, _ in keys], [s for _, s in keys], [[dst[k]] for k in keys]))
+        secs = time.perf_counter() - t0
+        lost = sum(1 for k in keys if not torch.equal(src[k], dst[k]))
+        rec("load_cold", shard, gib_s=gib_s(total, secs), lost=lost)
+
+        t0 = time.perf_counter()
+        cache.wait(cache.load([ids[b] for b, _ in keys], [s for _, s in keys], [[dst[k]] for k in keys]))
+        rec("load_warm", shard, gib_s=gib_s(total, time.perf_counter() - t0))
+
+        t0 = time.perf_counter()
+        for s in range(shards):
+            cache.wait(cache.load(ids, [s] * blocks, [[dst[(b, s)]] for b in range(blocks)]))
+        secs = time.perf_counter() - t0
+        lost_lw = sum(1 for k in keys if not torch.equal(src[k], dst[k]))
+        rec("load_layerwise", shard, gib_s=gib_s(total, secs), lost=lost_lw)
+        del cache
+
+        # Lookups: 10,000 ids, 9,000 stored (one 4 KiB shard each).
+        small = 4096
+        lroot = os.path.join(root, "lookup")
+        os.makedirs(lroot)
+        present = [secrets.token_bytes(16) for _ in range(LOOKUP_PRESENT)]
+        absent = [secrets.token_bytes(16) for _ in range(LOOKUP_IDS - LOOKUP_PRESENT)]
+        probe = present + absent
+        buf = torch.randint(0, 256, (small,), dtype=torch.uint8)
+        lc = UcmPipelineStore(config("Cache|Posix", lroot, small, 1, False, 1 << 30))
+        lc.wait(lc.dump(present, [0] * len(present), [[buf] for _ in present]))
+        lp = UcmPipelineStore(config("Posix", lroot, small, 1, False, 0))
+        for path, st in (("lookup_disk", lp), ("lookup_pool", lc)):
+            t0 = time.perf_counter()
+            found = st.lookup(probe)
+            secs = time.perf_counter() - t0
+            missed = int(sum(1 for f in found[:LOOKUP_PRESENT] if not f))
+            extra = int(sum(1 for f in found[LOOKUP_PRESENT:] if f))
+            rec(path, small, blocks_s=LOOKUP_IDS / secs, lost=missed + extra)
+        del lc, lp
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for r in recs:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
