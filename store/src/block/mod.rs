@@ -339,7 +339,7 @@ impl<D: Device> TieredBlockStore<D> {
         let geo = remotes
             .first()
             .map(RemoteTier::geometry)
-            .ok_or_else(|| StoreError::Config(ConfigError::NoTier))?;
+            .ok_or(StoreError::Config(ConfigError::NoTier))?;
         Self::build(dev, pool, None, geo, remotes, cfg)
     }
 
