@@ -96,7 +96,7 @@ ours() { # DIR SHARD ROUND
     || { say "ours failed (round $3): $out/ours-$4-$2-$3.log"; echo '{"path": "failed"}' >> "$out/ours-$4-$2-$3.jsonl"; }
 }
 for d in $dirs; do
-  fs=$(stat -f -c %T "$d")
+  fs=$(stat -f -c %T "$d" | tr -c "a-zA-Z0-9\n" _)
   for s in $shards; do
     for r in $(seq 1 "$rounds"); do
       say "$fs $s B round $r/$rounds ($(date -u +%H:%M:%S), load $(cut -d' ' -f1 /proc/loadavg))"
