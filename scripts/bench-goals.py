@@ -57,29 +57,32 @@ print(
 )
 first = read(d / f"io-{runs[0]}.jsonl")
 keys = [(r["op"], r["depth"]) for r in first]
-print("| run | load | " + " | ".join(f"{op} d{dep}" for op, dep in keys) + " |")
-print("|---|---|" + "---|" * len(keys))
-for n in runs:
-    recs = read(d / f"io-{n}.jsonl")
-    by = {(r["op"], r["depth"]): r for r in recs}
-    cells = []
-    for k in keys:
-        r = by.get(k)
-        c = cell(r and r.get("loop_ratio"), 0.9, f"run {n} posix {k[0]} d{k[1]}")
-        cells.append(c if r is None else f"{c} ({r['loop_gib_s']:.1f} GiB/s)")
-    print(f"| {n} | {load(recs)} | " + " | ".join(cells) + " |")
 
+
+def io_table(cell_of):
+    """One row per run, one column per (op, depth): `cell_of(run, key, record)`."""
+    print("| run | load | " + " | ".join(f"{op} d{dep}" for op, dep in keys) + " |")
+    print("|---|---|" + "---|" * len(keys))
+    for n in runs:
+        recs = read(d / f"io-{n}.jsonl")
+        by = {(r["op"], r["depth"]): r for r in recs}
+        print(f"| {n} | {load(recs)} | " + " | ".join(cell_of(n, k, by.get(k)) for k in keys) + " |")
+
+
+def loop_cell(n, k, r):
+    c = cell(r and r.get("loop_ratio"), 0.9, f"run {n} posix {k[0]} d{k[1]}")
+    return c if r is None else f"{c} ({r['loop_gib_s']:.1f} GiB/s)"
+
+
+def fio_cell(n, k, r):
+    if r is None or r.get("ratio") is None:
+        return "-"
+    return f"{r['ratio']:.2f} ({r['fio_gib_s']:.1f} GiB/s)"
+
+
+io_table(loop_cell)
 print("\nThe same runs beside fio psync with as many jobs (each job rereads its own buffer; no goal):\n")
-print("| run | load | " + " | ".join(f"{op} d{dep}" for op, dep in keys) + " |")
-print("|---|---|" + "---|" * len(keys))
-for n in runs:
-    recs = read(d / f"io-{n}.jsonl")
-    by = {(r["op"], r["depth"]): r for r in recs}
-    cells = []
-    for k in keys:
-        r = by.get(k, {})
-        cells.append("-" if r.get("ratio") is None else f"{r['ratio']:.2f} ({r['fio_gib_s']:.1f} GiB/s)")
-    print(f"| {n} | {load(recs)} | " + " | ".join(cells) + " |")
+io_table(fio_cell)
 
 print()
 print("every goal met" if not missed else "missed: " + "; ".join(missed))

@@ -378,6 +378,16 @@ pub(super) fn workload(
     })
 }
 
+/// The seed of the store bench's source pattern.
+const SOURCE_SEED: u64 = 11;
+/// The pattern chunk a source repeats.
+const SOURCE_CHUNK: usize = 1 << 20;
+
+/// The chunk of `seed`'s pattern that a source of `bytes` repeats.
+fn source_chunk(bytes: usize, seed: u64) -> Vec<u8> {
+    ucm_device::conformance::pattern(seed, SOURCE_CHUNK.min(bytes))
+}
+
 /// Device memory of `bytes`, filled with a pattern of `seed` (1 MiB
 /// repeated, copied from one 1 MiB host buffer).
 pub(super) fn pattern_source(
@@ -385,15 +395,14 @@ pub(super) fn pattern_source(
     bytes: usize,
     seed: u64,
 ) -> Result<Memory, StoreBenchError> {
-    const CHUNK: usize = 1 << 20;
     let src = dev.alloc_device(bytes)?;
-    let host = dev.alloc_pinned(CHUNK.min(bytes))?;
-    let chunk = ucm_device::conformance::pattern(seed, CHUNK.min(bytes));
+    let host = dev.alloc_pinned(SOURCE_CHUNK.min(bytes))?;
+    let chunk = source_chunk(bytes, seed);
     host.write_host(0, &chunk)?;
     let s = dev.create_stream()?;
     let runs: Vec<CopyRun<'_>> = (0..bytes)
-        .step_by(CHUNK)
-        .map(|off| CopyRun::new(&src, off, &host, 0, CHUNK.min(bytes - off)))
+        .step_by(SOURCE_CHUNK)
+        .map(|off| CopyRun::new(&src, off, &host, 0, SOURCE_CHUNK.min(bytes - off)))
         .collect();
     dev.copy_batch_async(&s, &runs)?;
     dev.synchronize_stream(&s)?;
@@ -514,7 +523,7 @@ fn run_size(
         shard_bytes >> 10,
         bytes >> 20
     ));
-    let src = pattern_source(&dev, bytes, 11)?;
+    let src = pattern_source(&dev, bytes, SOURCE_SEED)?;
     let reps = cfg.reps.max(1);
     let fio_file = root.join("fio.dat");
     // fio on a file of the same size in the same directory tree, with the
@@ -545,9 +554,12 @@ fn run_size(
     // Pre-fault the destination (the source is already written).
     memcpy_limit(&dev, &dst, &src, bytes)?;
     // The source's bytes in host memory, for the checksum rate: the
-    // pattern `pattern_source` repeats.
-    let chunk = ucm_device::conformance::pattern(11, (1usize << 20).min(bytes));
-    let host_copy: Vec<u8> = chunk.iter().copied().cycle().take(bytes).collect();
+    // chunk `pattern_source` repeats.
+    let host_copy: Vec<u8> = source_chunk(bytes, SOURCE_SEED)
+        .into_iter()
+        .cycle()
+        .take(bytes)
+        .collect();
     let mut crc = Vec::new();
     for rep in 0..reps {
         progress(&format!("round {}/{reps}", rep + 1));
