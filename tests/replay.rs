@@ -257,3 +257,31 @@ fn repeated_runs_report_each_runs_ttft_and_their_median() {
         );
     }
 }
+
+/// Injected read and write faults hit the blocks' data path, loads fail and
+/// are recomputed, and the run still ends: the replay's restart reopens
+/// every store while a read fault is armed, and a fault aimed at the data
+/// must not fail that open (it once read the GEOMETRY marker through it).
+#[cfg(feature = "failpoints")]
+#[test]
+fn injected_faults_fail_loads_and_spare_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = report(
+        ucm()
+            .args(["replay", "--modes", "ucm", "--faults", "0.3", "--runs", "1"])
+            .args(["--json", "--dir"])
+            .arg(dir.path()),
+    );
+    let u = &v["modes"]["ucm"];
+    assert_eq!(u["wrong_hits"], 0, "{u}");
+    assert_eq!(u["unaccounted_faults"], 0, "{u}");
+    assert!(u["injected_faults"].as_u64().unwrap() > 0, "{u}");
+    assert!(
+        u["faults"]["read_eio"]["failed_loads"].as_u64().unwrap() > 0,
+        "{u}"
+    );
+    assert!(
+        u["recomputed_after_failed_load"].as_u64().unwrap() > 0,
+        "{u}"
+    );
+}

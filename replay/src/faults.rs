@@ -146,7 +146,15 @@ impl Faults {
             fired: false,
             left: 3,
         };
-        let path = engine.stores().dir().join(&spec.groups()[group].name);
+        // I/O faults name the group's block files and the files being
+        // written: the data path. A store's own metadata (its GEOMETRY
+        // marker, read when a restart reopens it) is not this fault's
+        // target; an error there fails the open, as it must.
+        let group_dir = engine.stores().dir().join(&spec.groups()[group].name);
+        let path = match kind {
+            FaultKind::ReadEio => group_dir.join("blocks"),
+            _ => group_dir.join("tmp"),
+        };
         match kind {
             FaultKind::ReadEio | FaultKind::WriteEio | FaultKind::WriteEnospc => {
                 #[cfg(feature = "failpoints")]
