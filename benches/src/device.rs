@@ -224,16 +224,32 @@ pub fn layerwise<D: Device>(
         )
     };
     // Calibrate: scale the compute so that one layer's compute ~ one load.
-    let one_load = secs(&|| {
+    // The first load and the first launch are warm-ups (first touch of the
+    // memory; the kernel's module load and JIT): timing them made one
+    // layer's compute a fraction of a load on a GPU, so nothing was left to
+    // hide, or, with a slow first copy, many seconds per layer.
+    let one_load = {
         load_layer(0)?;
-        dev.synchronize_stream(&load)
-    })?;
-    let base = 64u32;
-    let one_compute = secs(&|| {
-        compute(&comp, base)?;
-        dev.synchronize_stream(&comp)
-    })?;
-    let iters = ((base as f64 * one_load / one_compute.max(1e-9)).round() as u32).clamp(1, 1 << 24);
+        dev.synchronize_stream(&load)?;
+        let t: Vec<f64> = (0..3)
+            .map(|_| {
+                secs(&|| {
+                    load_layer(0)?;
+                    dev.synchronize_stream(&load)
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        median(&t)
+    };
+    let iters = calibrate(
+        |n| {
+            secs(&|| {
+                compute(&comp, n)?;
+                dev.synchronize_stream(&comp)
+            })
+        },
+        one_load,
+    )?;
 
     let (mut t_io, mut t_c, mut t_pipe) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..reps {
@@ -276,6 +292,50 @@ pub fn layerwise<D: Device>(
     Ok(r)
 }
 
+/// The first iteration count [`calibrate`] times.
+const CALIBRATE_START: u32 = 64;
+/// At most this many timed launches after the warm-up.
+const CALIBRATE_STEPS: usize = 12;
+/// The largest iteration count.
+const CALIBRATE_MAX: u32 = 1 << 24;
+
+/// The iteration count at which one launch of a compute stand-in takes
+/// about `target` seconds. `measure(n)` runs one launch of `n` iterations
+/// and returns its seconds.
+///
+/// The first launch is a warm-up, never used: it carries one-time costs
+/// (a kernel module's load and JIT, first touches). Then the count grows
+/// fourfold from [`CALIBRATE_START`] until a launch takes at least a
+/// quarter of the target, and the count is interpolated linearly between
+/// the last two launches (a launch costs a fixed overhead plus a part
+/// proportional to the count). No launch runs much past the target, and
+/// at most [`CALIBRATE_STEPS`] are timed, so calibrating costs about two
+/// targets whatever the device.
+pub fn calibrate<E>(mut measure: impl FnMut(u32) -> Result<f64, E>, target: f64) -> Result<u32, E> {
+    measure(CALIBRATE_START)?;
+    let mut n = CALIBRATE_START;
+    let mut t = measure(n)?;
+    let mut prev: Option<(u32, f64)> = None;
+    for _ in 1..CALIBRATE_STEPS {
+        if t >= target / 4.0 || n >= CALIBRATE_MAX {
+            break;
+        }
+        prev = Some((n, t));
+        n = n.saturating_mul(4).min(CALIBRATE_MAX);
+        t = measure(n)?;
+    }
+    let est = match prev {
+        // Linear through the last two points: t = t0 + slope * (k - n0).
+        Some((n0, t0)) if t > t0 => {
+            let slope = (t - t0) / f64::from(n - n0);
+            f64::from(n0) + (target - t0) / slope
+        }
+        // One point, or noise: proportional to the last.
+        _ => f64::from(n) * target / t.max(1e-12),
+    };
+    Ok(est.round().clamp(1.0, f64::from(CALIBRATE_MAX)) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +357,60 @@ mod tests {
             .iter()
             .all(|r| r.gib_s > 0.0 && r.limit_gib_s > 0.0 && r.ratio > 0.0));
         assert!(run(&dev, &raw, &DeviceBenchConfig { reps: 0, ..cfg }, |_| {}).is_err());
+    }
+
+    /// Times of a launch of `n` iterations on a device whose first launch
+    /// costs `first` seconds (a module load) and the others `fixed +
+    /// per_iter * n`; records every timed count.
+    fn device_model(
+        first: f64,
+        fixed: f64,
+        per_iter: f64,
+        seen: &mut Vec<u32>,
+    ) -> impl FnMut(u32) -> Result<f64, ()> + '_ {
+        move |n| {
+            seen.push(n);
+            Ok(if seen.len() == 1 {
+                first
+            } else {
+                fixed + per_iter * f64::from(n)
+            })
+        }
+    }
+
+    #[test]
+    fn calibration_ignores_the_first_launch_and_finds_the_target() {
+        // A GPU-like kernel: 5 s of JIT on the first launch, then 20 us +
+        // 1 us per iteration; one layer's load takes 1.3 ms.
+        let mut seen = Vec::new();
+        let n = calibrate(device_model(5.0, 20e-6, 1e-6, &mut seen), 1.3e-3).unwrap();
+        assert!((1270..=1290).contains(&n), "{n}");
+        // No timed launch ran past the target, and few ran.
+        assert!(seen[1..]
+            .iter()
+            .all(|&k| 20e-6 + 1e-6 * f64::from(k) <= 1.3e-3));
+        assert!(seen.len() <= CALIBRATE_STEPS + 1, "{seen:?}");
+    }
+
+    #[test]
+    fn calibration_scales_down_a_heavy_compute_and_stays_bounded() {
+        // 1 ms per iteration against a 10 ms load: 10 iterations.
+        let mut seen = Vec::new();
+        assert_eq!(
+            calibrate(device_model(0.0, 0.0, 1e-3, &mut seen), 10e-3),
+            Ok(10)
+        );
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        // A compute that never grows stops at the largest count, after a
+        // bounded number of launches.
+        let mut seen = Vec::new();
+        assert_eq!(
+            calibrate(device_model(1.0, 1e-6, 0.0, &mut seen), 1e-3),
+            Ok(CALIBRATE_MAX)
+        );
+        assert!(seen.len() <= CALIBRATE_STEPS + 1, "{seen:?}");
+        // Errors pass through.
+        assert_eq!(calibrate(|_| Err::<f64, _>("launch"), 1.0), Err("launch"));
     }
 
     #[test]

@@ -709,7 +709,7 @@ impl Engine {
                 .map(|(rk, save, f)| s.spawn(move || rank_step(ctx, rk, meta, chunk, save, f)))
                 .collect();
             hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(HarnessError::RankPanicked)))
+                .map(|h| h.join().unwrap_or(Err(HarnessError::RankPanicked)))
                 .collect()
         });
         results.into_iter().collect()
