@@ -47,6 +47,8 @@ bin=${UCM_BIN:-target/release/ucm}
 command -v cmake >/dev/null || { echo "bench-upstream: needs cmake" >&2; exit 2; }
 "$py" -c "import torch, numpy" 2>/dev/null || { echo "bench-upstream: $py lacks torch or numpy" >&2; exit 2; }
 mkdir -p "$out" "$work"
+out=$(cd "$out" && pwd)
+work=$(cd "$work" && pwd)
 say() { echo "bench-upstream: $*" >&2; }
 
 commit=$(git -C "$src" rev-parse HEAD 2>/dev/null || echo unknown)
@@ -85,9 +87,11 @@ echo "$commit" > "$out/upstream-commit"
 up() { # DIR SHARD ROUND
   local direct=()
   [ "$(stat -f -c %T "$1")" = tmpfs ] || direct=(--direct)
-  PYTHONPATH="$work/py:$work/deps" UC_LOGGER_LEVEL=error \
+  # Upstream's logger writes log/<pid>/ under the working directory: the
+  # work directory, never the caller's.
+  (cd "$work" && PYTHONPATH="$work/py:$work/deps" UC_LOGGER_LEVEL=error \
     "$py" "$here/bench_upstream.py" "$1" "$2" --bytes "$bytes" "${direct[@]}" \
-    > "$out/up-$4-$2-$3.jsonl" 2> "$out/up-$4-$2-$3.log" \
+    > "$out/up-$4-$2-$3.jsonl" 2> "$out/up-$4-$2-$3.log") \
     || { say "upstream failed (round $3): $out/up-$4-$2-$3.log"; echo '{"path": "failed"}' >> "$out/up-$4-$2-$3.jsonl"; }
 }
 ours() { # DIR SHARD ROUND
@@ -96,6 +100,7 @@ ours() { # DIR SHARD ROUND
     || { say "ours failed (round $3): $out/ours-$4-$2-$3.log"; echo '{"path": "failed"}' >> "$out/ours-$4-$2-$3.jsonl"; }
 }
 for d in $dirs; do
+  d=$(cd "$d" && pwd)
   fs=$(stat -f -c %T "$d" | tr -c "a-zA-Z0-9\n" _)
   for s in $shards; do
     for r in $(seq 1 "$rounds"); do
