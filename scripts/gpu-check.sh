@@ -13,7 +13,9 @@
 # It runs the CUDA tests with UCM_REQUIRE_GPU=1 (they fail, never skip,
 # without a usable GPU), then `ucm bench device --device cuda --json`:
 #   h2d_pinned / d2h_pinned   against a raw cuMemcpy*Async loop (goal >= 0.9)
-#   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.8)
+#   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.9),
+#                             through the copy kernel (`copy_path` says which ran)
+#   scatter_64k_per_run       the same with one cuMemcpyAsync per run
 #   scatter_64k_batch_api     the same through cuMemcpyBatchAsync, when exported
 #   layerwise                 loads overlapped with a real kernel per layer,
 #                             with the hidden fraction of the I/O

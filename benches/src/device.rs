@@ -68,6 +68,10 @@ pub struct DeviceBenchRecord {
     pub limit_spread: Spread,
     /// The machine's 1-minute load average at the start of the bench.
     pub load_average: Option<f64>,
+    /// How batched copies reached the device (`kernel`, `batch_api`,
+    /// `per_run`), where the backend has several paths.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy_path: Option<String>,
 }
 
 /// The backend's raw copy path: copies `len` bytes `src -> dst` and returns
@@ -106,6 +110,7 @@ fn record(case: &str, ours: &[f64], limit: &[f64], load: Option<f64>) -> DeviceB
         ratio: paired.median,
         paired,
         hidden_io_fraction: None,
+        copy_path: None,
         spread: g.rounded(3),
         limit_spread: l.rounded(3),
         load_average: load,

@@ -17,7 +17,14 @@
  *     until the epoch the event had when the wait was queued): the machinery
  *     shared with the ACL double, ../doubles/stream_queue.h.
  *   - a launch of `ucm_layer_compute` (device/cuda/layer_compute.ptx) runs a
- *     host loop with the same arithmetic; other kernels are not found.
+ *     host loop with the same arithmetic; a launch of `ucm_copy_runs`
+ *     (device/cuda/copy_runs.ptx) reads its parameter block as the kernel
+ *     does (a u32 count at 0, then (dst, src, len) u64 triples at 8 + 24 i)
+ *     and copies each run; each end must lie in device memory or in
+ *     registered or pinned host memory (a GPU faults on pageable memory:
+ *     CUDA_ERROR_ILLEGAL_ADDRESS). Other kernels are not found.
+ *   - unified addressing and host pointers for registered memory are
+ *     reported (device attributes 41 and 91), as on 64-bit Linux GPUs.
  *   - one primary context per device, reference counted; calls need cuInit
  *     and a current context. A stream error is sticky for the context (as
  *     CUDA's asynchronous errors are) until its last release.
@@ -207,6 +214,8 @@ CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
     case 75: *pi = 9; break; /* compute capability major */
     case 76: *pi = 0; break; /* minor */
     case 16: *pi = 132; break; /* multiprocessors */
+    case 41: *pi = 1; break; /* unified addressing */
+    case 91: *pi = 1; break; /* can use host pointer for registered memory */
     default: *pi = 0; break; /* memory pools and the rest: not supported */
     }
     return CUDA_SUCCESS;
@@ -459,8 +468,12 @@ CUresult cuEventSynchronize(void *ev) {
 
 typedef dq_stream_t stream_t;
 
+/* The kernels the double runs: one per module (as UCM ships them). */
+enum kernel { K_NONE, K_LAYER_COMPUTE, K_COPY_RUNS };
+
 typedef struct module {
     uint32_t magic;
+    enum kernel kernel;
     int64_t users; /* queued launches */
 } module_t;
 
@@ -695,6 +708,84 @@ static void launch_done(dq_op_t *op) {
     pthread_mutex_unlock(&g_lock);
 }
 
+/* ucm_copy_runs (copy_runs.ptx): its parameter block, copied at launch. */
+#define COPY_RUNS_MAX 168
+typedef struct {
+    uint32_t count;
+    uint32_t pad;
+    uint64_t runs[COPY_RUNS_MAX][3]; /* dst, src, len */
+} copy_batch_t;
+
+typedef struct {
+    copy_batch_t batch;
+    region_t *regions[2 * COPY_RUNS_MAX];
+} copy_job_t;
+
+/* An end of a kernel's run: memory the GPU can address (device memory, or
+ * registered or pinned host memory), whole. */
+static CUresult check_mapped(uint64_t p, uint64_t n, region_t **out) {
+    *out = NULL;
+    if (p == 0) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    pthread_mutex_lock(&g_lock);
+    region_t *r = find_locked((uintptr_t)p);
+    CUresult res = r && n <= r->base + r->len - p ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (res == CUDA_SUCCESS) {
+        r->users++;
+        *out = r;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return res;
+}
+
+static void run_copy_runs(dq_op_t *op) {
+    copy_job_t *j = op->args;
+    for (uint32_t i = 0; i < j->batch.count; i++) {
+        uint64_t *r = j->batch.runs[i];
+        memcpy((void *)(uintptr_t)r[0], (const void *)(uintptr_t)r[1], (size_t)r[2]);
+    }
+}
+
+static void copy_runs_done(dq_op_t *op) {
+    copy_job_t *j = op->args;
+    for (uint32_t i = 0; i < 2 * j->batch.count; i++) release_use(j->regions[i]);
+    module_t *m = op->user[2];
+    pthread_mutex_lock(&g_lock);
+    m->users--;
+    pthread_mutex_unlock(&g_lock);
+    free(j);
+}
+
+static CUresult launch_copy_runs(func_t *f, stream_t *s, const void *param) {
+    if (!param) return CUDA_ERROR_INVALID_VALUE;
+    copy_job_t *j = calloc(1, sizeof *j);
+    if (!j) return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(&j->batch, param, sizeof j->batch);
+    CUresult res = j->batch.count == 0 || j->batch.count > COPY_RUNS_MAX ? CUDA_ERROR_INVALID_VALUE
+                                                                        : CUDA_SUCCESS;
+    for (uint32_t i = 0; res == CUDA_SUCCESS && i < j->batch.count; i++) {
+        uint64_t *r = j->batch.runs[i];
+        if (r[2] == 0) continue;
+        res = check_mapped(r[0], r[2], &j->regions[2 * i]);
+        if (res == CUDA_SUCCESS) res = check_mapped(r[1], r[2], &j->regions[2 * i + 1]);
+    }
+    if (res != CUDA_SUCCESS) {
+        for (uint32_t i = 0; i < 2 * COPY_RUNS_MAX; i++) release_use(j->regions[i]);
+        free(j);
+        return res;
+    }
+    dq_op_t *op = dq_op(DQ_CALL);
+    op->fn = run_copy_runs;
+    op->done = copy_runs_done;
+    op->args = j;
+    op->user[2] = f->module;
+    pthread_mutex_lock(&g_lock);
+    f->module->users++;
+    g_stats.kernel_launches++;
+    pthread_mutex_unlock(&g_lock);
+    dq_push(s, op);
+    return CUDA_SUCCESS;
+}
+
 CUresult cuModuleLoadData(void **out, const void *image) {
     NEED_CTX("cuModuleLoadData");
     if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
@@ -702,7 +793,10 @@ CUresult cuModuleLoadData(void **out, const void *image) {
     if (!strstr(text, ".version") || !strstr(text, ".entry")) return CUDA_ERROR_INVALID_IMAGE;
     module_t *m = calloc(1, sizeof *m);
     if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
-    m->magic = strstr(text, ".entry ucm_layer_compute(") ? MAGIC_MODULE : MAGIC_MODULE + 1;
+    m->magic = MAGIC_MODULE;
+    m->kernel = strstr(text, ".entry ucm_layer_compute(") ? K_LAYER_COMPUTE
+                : strstr(text, ".entry ucm_copy_runs(")   ? K_COPY_RUNS
+                                                          : K_NONE;
     *out = m;
     bump(&g_stats.live_modules, 1);
     return CUDA_SUCCESS;
@@ -712,9 +806,12 @@ CUresult cuModuleGetFunction(void **out, void *mod, const char *name) {
     NEED_CTX("cuModuleGetFunction");
     module_t *m = mod;
     if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
-    if (!m || (m->magic != MAGIC_MODULE && m->magic != MAGIC_MODULE + 1)) return CUDA_ERROR_INVALID_HANDLE;
-    /* Only the kernel the double can run on the host. */
-    if (m->magic != MAGIC_MODULE || strcmp(name, "ucm_layer_compute") != 0) return CUDA_ERROR_NOT_FOUND;
+    if (!m || m->magic != MAGIC_MODULE) return CUDA_ERROR_INVALID_HANDLE;
+    /* Only the kernels the double can run on the host. */
+    const char *want = m->kernel == K_LAYER_COMPUTE ? "ucm_layer_compute"
+                       : m->kernel == K_COPY_RUNS   ? "ucm_copy_runs"
+                                                    : NULL;
+    if (!want || strcmp(name, want) != 0) return CUDA_ERROR_NOT_FOUND;
     func_t *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     f->magic = MAGIC_FUNC;
@@ -726,7 +823,7 @@ CUresult cuModuleGetFunction(void **out, void *mod, const char *name) {
 CUresult cuModuleUnload(void *mod) {
     NEED_INIT("cuModuleUnload");
     module_t *m = mod;
-    if (!m || (m->magic != MAGIC_MODULE && m->magic != MAGIC_MODULE + 1)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!m || m->magic != MAGIC_MODULE) return CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&g_lock);
     int busy = m->users > 0;
     pthread_mutex_unlock(&g_lock);
@@ -746,6 +843,7 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     if (!params || extra || gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 ||
         bz != 1 || shared != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (f->module->kernel == K_COPY_RUNS) return launch_copy_runs(f, s, params[0]);
     uint64_t x = *(uint64_t *)params[0];
     uint64_t n = *(uint64_t *)params[1];
     uint32_t iters = *(uint32_t *)params[2];

@@ -108,7 +108,7 @@ fn the_probe_finds_the_double_through_cudarcs_loading_path() {
     assert!(cuda::driver_present());
     let (ok, why) = cuda::probe();
     assert!(ok, "{why}");
-    assert_eq!(why, "1 CUDA device(s)");
+    assert_eq!(why, "1 CUDA device(s); batched copies: kernel");
     assert!(matches!(
         CudaDevice::new(1),
         Err(DeviceError::InvalidArgument(_))
@@ -131,9 +131,21 @@ fn device_test_body_with_a_copy_loop_and_with_the_batch_api() {
             dev.batch_api_available(),
             "the double exports cuMemcpyBatchAsync"
         );
+        // The copy kernel by default (unified addressing is reported).
+        assert_eq!(dev.copy_path(), cuda::CopyPath::Kernel);
+        assert_eq!(dev.copy_kernel_unavailable(), None);
+        let launches = stats().kernel_launches;
         conformance::run_all(&dev).unwrap();
+        assert!(stats().kernel_launches > launches, "the kernel ran");
+        // Without it, a call per run, then the batch API.
+        dev.set_copy_kernel(false);
+        assert_eq!(dev.copy_path(), cuda::CopyPath::PerRun);
+        let copies = stats().copies;
+        conformance::run_all(&dev).unwrap();
+        assert!(stats().copies > copies);
         let copies = stats().copies;
         dev.set_batch_api(true);
+        assert_eq!(dev.copy_path(), cuda::CopyPath::BatchApi);
         assert!(dev.batch_api());
         conformance::run_all(&dev).unwrap();
         assert!(
@@ -156,6 +168,7 @@ fn device_test_body_with_a_copy_loop_and_with_the_batch_api() {
 fn a_batch_mixing_directions_names_each_runs_memory_correctly() {
     let _g = serial();
     let dev = device();
+    dev.set_copy_kernel(false);
     dev.set_batch_api(true);
     let len = 64 << 10;
     let h = dev.alloc_pinned(4 * len).unwrap();
@@ -191,6 +204,72 @@ fn a_batch_mixing_directions_names_each_runs_memory_correctly() {
     let mut h2 = vec![0u8; len];
     h.read_host(2 * len, &mut h2).unwrap();
     assert_eq!(h2, &data[len..]);
+}
+
+/// The copy kernel takes every run of a batch shorter than
+/// `COPY_KERNEL_MAX_RUN`, in any direction and at any alignment, in
+/// launches of at most `COPY_KERNEL_RUNS` runs; longer runs go to the copy
+/// engines. Each run lands where it was asked to (a plan that swapped two
+/// runs' destinations fails here and in the conformance suite).
+#[test]
+fn the_copy_kernel_moves_each_run_to_its_place() {
+    let _g = serial();
+    let dev = device();
+    let s = dev.create_stream().unwrap();
+    let runs = cuda::COPY_KERNEL_RUNS + 5;
+    let piece = 4096 + 3;
+    let total = runs * piece;
+    let data = conformance::pattern(23, total);
+    let h = dev.alloc_pinned(total).unwrap();
+    h.write_host(0, &data).unwrap();
+    let d = dev.alloc_device(total).unwrap();
+    // Run i of the host goes to slot (i * 7) % runs of the device: a
+    // scatter with odd lengths and offsets.
+    let slot = |i: usize| (i * 7) % runs;
+    let batch: Vec<_> = (0..runs)
+        .map(|i| CopyRun::new(&d, slot(i) * piece, &h, i * piece, piece))
+        .collect();
+    let (launches, copies) = (stats().kernel_launches, stats().copies);
+    dev.copy_batch_async(&s, &batch).unwrap();
+    dev.synchronize_stream(&s).unwrap();
+    assert_eq!(stats().kernel_launches, launches + 2, "two launches");
+    assert_eq!(stats().copies, copies, "no copy-engine call");
+    // The device as a whole (one run: the copy engines).
+    let whole = dev.alloc_pinned(total).unwrap();
+    dev.copy_async(&s, &CopyRun::new(&whole, 0, &d, 0, total))
+        .unwrap();
+    dev.synchronize_stream(&s).unwrap();
+    let mut got = vec![0u8; total];
+    whole.read_host(0, &mut got).unwrap();
+    for i in 0..runs {
+        let at = slot(i) * piece;
+        assert!(
+            got[at..at + piece] == data[i * piece..(i + 1) * piece],
+            "run {i} landed in the wrong place"
+        );
+    }
+    // Gather back in order (device to host, through the kernel again),
+    // plus one long run that goes to the copy engines.
+    let back = dev.alloc_pinned(total + cuda::COPY_KERNEL_MAX_RUN).unwrap();
+    let big = dev.alloc_device(cuda::COPY_KERNEL_MAX_RUN).unwrap();
+    let mut gather: Vec<_> = (0..runs)
+        .map(|i| CopyRun::new(&back, i * piece, &d, slot(i) * piece, piece))
+        .collect();
+    gather.push(CopyRun::new(
+        &back,
+        total,
+        &big,
+        0,
+        cuda::COPY_KERNEL_MAX_RUN,
+    ));
+    let copies = stats().copies;
+    dev.copy_batch_async(&s, &gather).unwrap();
+    dev.synchronize_stream(&s).unwrap();
+    assert_eq!(stats().copies, copies + 1, "the long run took the engines");
+    let mut got = vec![0u8; total];
+    back.read_host(0, &mut got).unwrap();
+    assert!(got == data, "a run landed in the wrong place");
+    assert!(dev.take_deferred_errors().is_empty());
 }
 
 #[test]

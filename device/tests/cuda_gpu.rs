@@ -51,6 +51,15 @@ fn probe_and_open_never_panic() {
 #[test]
 fn device_test_body_on_a_real_gpu() {
     let Some(dev) = gpu() else { return };
+    // A GPU with unified addressing takes batches through the copy kernel.
+    assert_eq!(
+        dev.copy_path(),
+        cuda::CopyPath::Kernel,
+        "{:?}",
+        dev.copy_kernel_unavailable()
+    );
+    conformance::run_all(&dev).unwrap();
+    dev.set_copy_kernel(false);
     conformance::run_all(&dev).unwrap();
     if dev.batch_api_available() {
         dev.set_batch_api(true);
@@ -92,4 +101,52 @@ fn registered_host_memory_and_the_layer_kernel_on_a_real_gpu() {
         dev.launch_layer_compute(&s, &back, 1).is_err(),
         "pinned memory refused"
     );
+}
+
+/// The copy kernel on a real GPU: odd-sized runs scattered from registered
+/// host memory (as the pool is) to device memory, then gathered back to
+/// pinned memory, every byte in its place, in two launches each way.
+#[test]
+fn the_copy_kernel_scatters_and_gathers_on_a_real_gpu() {
+    let Some(dev) = gpu() else { return };
+    let runs = cuda::COPY_KERNEL_RUNS + 5;
+    for piece in [4096 + 3, 16 << 10, 64 << 10] {
+        let total = runs * piece;
+        let data = conformance::pattern(piece as u64, total);
+        let mut region = ucm_device::IoBuf::new(total);
+        region.as_mut_slice().copy_from_slice(&data);
+        // SAFETY: `region` outlives `host`, dropped below.
+        let host: Memory = unsafe { dev.register_host(region.as_mut_ptr(), total) }.unwrap();
+        let d = dev.alloc_device(total).unwrap();
+        let back = dev.alloc_pinned(total).unwrap();
+        let s = dev.create_stream().unwrap();
+        let slot = |i: usize| (i * 7) % runs;
+        let scatter: Vec<_> = (0..runs)
+            .map(|i| CopyRun::new(&d, slot(i) * piece, &host, i * piece, piece))
+            .collect();
+        dev.copy_batch_async(&s, &scatter).unwrap();
+        let gather: Vec<_> = (0..runs)
+            .map(|i| CopyRun::new(&back, i * piece, &d, slot(i) * piece, piece))
+            .collect();
+        dev.copy_batch_async(&s, &gather).unwrap();
+        dev.synchronize_stream(&s).unwrap();
+        // The device's layout, through one plain copy.
+        let whole = dev.alloc_pinned(total).unwrap();
+        dev.copy_async(&s, &CopyRun::new(&whole, 0, &d, 0, total))
+            .unwrap();
+        dev.synchronize_stream(&s).unwrap();
+        drop(host);
+        let mut got = vec![0u8; total];
+        whole.read_host(0, &mut got).unwrap();
+        for i in 0..runs {
+            let at = slot(i) * piece;
+            assert!(
+                got[at..at + piece] == data[i * piece..(i + 1) * piece],
+                "{piece} B: run {i} landed in the wrong place on the device"
+            );
+        }
+        back.read_host(0, &mut got).unwrap();
+        assert!(got == data, "{piece} B: the gather is not the source");
+    }
+    assert!(dev.take_deferred_errors().is_empty());
 }

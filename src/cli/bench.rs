@@ -320,17 +320,35 @@ pub(crate) fn bench_device(a: DeviceArgs) -> Result<(), String> {
             }
             let chunk = cfg.chunk;
             let raw = |d: &Memory, s: &Memory, n: usize| dev.raw_copy(d, s, n, chunk);
-            records.extend(devbench::run(&dev, &raw, &cfg, progress).map_err(err)?);
+            let path = dev.copy_path();
+            progress(&format!("batched copies: {}", path.name()));
+            if let Some(why) = dev.copy_kernel_unavailable() {
+                progress(&format!("no copy kernel: {why}"));
+            }
+            let mut recs = devbench::run(&dev, &raw, &cfg, progress).map_err(err)?;
+            for r in &mut recs {
+                r.copy_path = Some(path.name().into());
+            }
+            records.extend(recs);
+            // The scatter case again on the other paths: a call per run,
+            // then the batch API where the driver has it.
+            dev.set_copy_kernel(false);
+            let mut others = vec![ucm::device::accel::cuda::CopyPath::PerRun];
             if dev.batch_api_available() {
-                dev.set_batch_api(true);
+                others.push(ucm::device::accel::cuda::CopyPath::BatchApi);
+            }
+            for other in others.into_iter().filter(|&p| p != path) {
+                dev.set_batch_api(other == ucm::device::accel::cuda::CopyPath::BatchApi);
                 let mut r = devbench::run(&dev, &raw, &cfg, |_| {}).map_err(err)?;
-                dev.set_batch_api(false);
                 if let Some(mut s) = r.pop() {
-                    s.case = "scatter_64k_batch_api".into();
-                    progress(&format!("scatter_64k_batch_api: ratio {:.2}", s.ratio));
+                    s.case = format!("scatter_64k_{}", other.name());
+                    s.copy_path = Some(other.name().into());
+                    progress(&format!("{}: ratio {:.2}", s.case, s.ratio));
                     records.push(s);
                 }
             }
+            dev.set_batch_api(false);
+            dev.set_copy_kernel(true);
             let scratch = dev.alloc_device(layer_bytes).map_err(err)?;
             let compute = |s: &ucm::device::accel::cuda::CudaStream, iters: u32| {
                 dev.launch_layer_compute(s, &scratch, iters)

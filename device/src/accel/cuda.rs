@@ -166,7 +166,20 @@ pub fn probe() -> (bool, String) {
     }
     match CudaContext::device_count() {
         Ok(0) => (false, "the driver reports no CUDA device".into()),
-        Ok(n) => (true, format!("{n} CUDA device(s)")),
+        Ok(n) => {
+            // How batched copies reach GPU 0 (the kernel loads here).
+            let path = match CudaDevice::new(0) {
+                Ok(d) => match d.copy_kernel_unavailable() {
+                    None => format!("batched copies: {}", d.copy_path().name()),
+                    Some(why) => format!(
+                        "batched copies: {} (no copy kernel: {why})",
+                        d.copy_path().name()
+                    ),
+                },
+                Err(e) => format!("GPU 0 did not open: {e}"),
+            };
+            (true, format!("{n} CUDA device(s); {path}"))
+        }
         Err(e) => (false, drv("cuInit")(e).to_string()),
     }
 }
@@ -269,15 +282,14 @@ impl Drop for Alloc {
     }
 }
 
-/// The layer-compute kernel (`device/cuda/layer_compute.ptx`), loaded once
-/// per device.
-struct LayerKernel {
+/// A kernel of UCM's PTX (`device/cuda/*.ptx`), loaded once per device.
+struct Kernel {
     ctx: Arc<Ctx>,
     module: Raw<sys::CUmodule>,
     function: Raw<sys::CUfunction>,
 }
 
-impl Drop for LayerKernel {
+impl Drop for Kernel {
     fn drop(&mut self) {
         let m = self.module.0;
         // SAFETY: the module is live and unloaded once; the context is
@@ -290,13 +302,62 @@ impl Drop for LayerKernel {
 }
 
 const LAYER_COMPUTE_PTX: &str = include_str!("../../cuda/layer_compute.ptx");
+const COPY_RUNS_PTX: &str = include_str!("../../cuda/copy_runs.ptx");
+
+/// Runs per launch of the copy kernel: its parameter block (4 KiB at most
+/// on every GPU) holds a count and this many (dst, src, len) triples.
+pub const COPY_KERNEL_RUNS: usize = 168;
+/// Runs of this length or longer go to the copy engines, which reach the
+/// bus's rate at that size with one call per run; the kernel serves the
+/// shorter ones, where a call per run costs more than the bytes.
+pub const COPY_KERNEL_MAX_RUN: usize = 1 << 20;
+/// Threads per block of the copy kernel.
+const COPY_KERNEL_THREADS: u32 = 512;
+
+/// The copy kernel's parameter block, laid out as `copy_runs.ptx` reads it.
+#[repr(C, align(8))]
+struct CopyRunsParam {
+    count: u32,
+    pad: u32,
+    runs: [[u64; 3]; COPY_KERNEL_RUNS],
+}
+
+const _: () = assert!(std::mem::size_of::<CopyRunsParam>() == 4040);
+
+/// How a batch of copies reaches the GPU ([`CudaDevice::copy_path`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyPath {
+    /// UCM's copy kernel for runs under [`COPY_KERNEL_MAX_RUN`] (one launch
+    /// per [`COPY_KERNEL_RUNS`] runs), the copy engines for longer ones.
+    Kernel,
+    /// One `cuMemcpyBatchAsync` per batch (CUDA 12.8+).
+    BatchApi,
+    /// One `cuMemcpy*Async` per run.
+    PerRun,
+}
+
+impl CopyPath {
+    /// The name `ucm info` and the benches print.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyPath::Kernel => "kernel",
+            CopyPath::BatchApi => "batch_api",
+            CopyPath::PerRun => "per_run",
+        }
+    }
+}
 
 /// A Device on one NVIDIA GPU.
 pub struct CudaDevice {
     ctx: Arc<Ctx>,
     id: DeviceId,
     use_batch_api: AtomicBool,
-    kernel: OnceLock<std::result::Result<LayerKernel, DeviceError>>,
+    use_copy_kernel: AtomicBool,
+    /// Unified addressing, with registered host memory at its host address:
+    /// what the copy kernel needs to reach host memory.
+    uva: bool,
+    kernel: OnceLock<std::result::Result<Kernel, DeviceError>>,
+    copy_kernel: OnceLock<std::result::Result<Kernel, DeviceError>>,
 }
 
 impl CudaDevice {
@@ -316,6 +377,11 @@ impl CudaDevice {
             )));
         }
         let cu = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        let attr = |a| cu.attribute(a).map_err(drv("cuDeviceGetAttribute"));
+        let uva = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? == 1
+            && attr(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+            )? == 1;
         Ok(CudaDevice {
             ctx: Arc::new(Ctx {
                 cu,
@@ -323,34 +389,82 @@ impl CudaDevice {
             }),
             id: DeviceId::fresh(),
             use_batch_api: AtomicBool::new(false),
+            use_copy_kernel: AtomicBool::new(true),
+            uva,
             kernel: OnceLock::new(),
+            copy_kernel: OnceLock::new(),
         })
     }
 
-    fn layer_kernel(&self) -> Result<&LayerKernel> {
-        let k = self.kernel.get_or_init(|| {
-            self.ctx.bind()?;
-            let image = CString::new(LAYER_COMPUTE_PTX)
-                .map_err(|_| DeviceError::InvalidArgument("PTX holds a NUL byte".into()))?;
-            // SAFETY: `image` is a NUL-terminated PTX text, alive for the call.
-            let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
-                .map_err(drv("cuModuleLoadData"))?;
-            let name = CString::new("ucm_layer_compute").unwrap_or_default();
-            // SAFETY: `module` is live; the name is NUL-terminated.
-            match unsafe { result::module::get_function(module, name) } {
-                Ok(f) => Ok(LayerKernel {
-                    ctx: Arc::clone(&self.ctx),
-                    module: Raw(module),
-                    function: Raw(f),
-                }),
-                Err(e) => {
-                    // SAFETY: loaded above, unused.
-                    let _ = unsafe { result::module::unload(module) };
-                    Err(drv("cuModuleGetFunction")(e))
-                }
+    /// Loads `name` from the PTX text `ptx`.
+    fn load_kernel(&self, ptx: &str, name: &str) -> Result<Kernel> {
+        self.ctx.bind()?;
+        let image = CString::new(ptx)
+            .map_err(|_| DeviceError::InvalidArgument("PTX holds a NUL byte".into()))?;
+        // SAFETY: `image` is a NUL-terminated PTX text, alive for the call.
+        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+            .map_err(drv("cuModuleLoadData"))?;
+        let name = CString::new(name).unwrap_or_default();
+        // SAFETY: `module` is live; the name is NUL-terminated.
+        match unsafe { result::module::get_function(module, name) } {
+            Ok(f) => Ok(Kernel {
+                ctx: Arc::clone(&self.ctx),
+                module: Raw(module),
+                function: Raw(f),
+            }),
+            Err(e) => {
+                // SAFETY: loaded above, unused.
+                let _ = unsafe { result::module::unload(module) };
+                Err(drv("cuModuleGetFunction")(e))
             }
-        });
+        }
+    }
+
+    fn layer_kernel(&self) -> Result<&Kernel> {
+        let k = self
+            .kernel
+            .get_or_init(|| self.load_kernel(LAYER_COMPUTE_PTX, "ucm_layer_compute"));
         k.as_ref().map_err(Clone::clone)
+    }
+
+    /// The copy kernel, where it can serve: unified addressing, and the
+    /// module loads (a driver too old for its PTX cannot JIT it).
+    fn copy_kernel(&self) -> Result<&Kernel> {
+        if !self.uva {
+            return Err(unsupported(
+                "no unified addressing with host pointers for registered memory".into(),
+            ));
+        }
+        let k = self
+            .copy_kernel
+            .get_or_init(|| self.load_kernel(COPY_RUNS_PTX, "ucm_copy_runs"));
+        k.as_ref().map_err(Clone::clone)
+    }
+
+    /// The path batched copies take now: the copy kernel where it can serve
+    /// and is on ([`set_copy_kernel`](Self::set_copy_kernel)), else the
+    /// batch API where chosen, else a call per run. Loads the kernel on
+    /// first use; why it cannot serve is [`copy_kernel_unavailable`](Self::copy_kernel_unavailable).
+    pub fn copy_path(&self) -> CopyPath {
+        if self.use_copy_kernel.load(Ordering::Relaxed) && self.copy_kernel().is_ok() {
+            CopyPath::Kernel
+        } else if self.batch_api() {
+            CopyPath::BatchApi
+        } else {
+            CopyPath::PerRun
+        }
+    }
+
+    /// Why the copy kernel cannot serve on this device, or `None` when it
+    /// can.
+    pub fn copy_kernel_unavailable(&self) -> Option<String> {
+        self.copy_kernel().err().map(|e| e.to_string())
+    }
+
+    /// Turns the copy kernel on (the default) or off; off, batches take the
+    /// batch API or a call per run.
+    pub fn set_copy_kernel(&self, on: bool) {
+        self.use_copy_kernel.store(on, Ordering::Relaxed);
     }
 
     /// Queues one layer's worth of real compute on `stream`: a kernel over
@@ -476,6 +590,119 @@ impl CudaDevice {
         unsafe { result::stream::synchronize(stream.raw.0) }.map_err(drv("cuStreamSynchronize"))
     }
 
+    /// Runs through the copy kernel: one launch per [`COPY_KERNEL_RUNS`],
+    /// one thread block per run, on `stream`, with no host synchronisation.
+    fn kernel_copies(&self, stream: &CudaStream, runs: &[(&CopyRun<'_>, CopyKind)]) -> Result<()> {
+        let k = self.copy_kernel()?;
+        for (c, chunk) in runs.chunks(COPY_KERNEL_RUNS).enumerate() {
+            let mut p = CopyRunsParam {
+                count: chunk.len() as u32,
+                pad: 0,
+                runs: [[0; 3]; COPY_KERNEL_RUNS],
+            };
+            for (slot, (r, _)) in p.runs.iter_mut().zip(chunk) {
+                *slot = [
+                    r.dst.addr() + r.dst_offset as u64,
+                    r.src.addr() + r.src_offset as u64,
+                    r.len as u64,
+                ];
+            }
+            for _ in chunk {
+                stream.state.next();
+            }
+            let mut params: [*mut c_void; 1] = [(&mut p as *mut CopyRunsParam).cast()];
+            // SAFETY: the kernel takes one parameter block laid out as
+            // `CopyRunsParam` (checked in size above), copied at launch;
+            // every run was validated (same device, in bounds, device or
+            // page-locked memory, which unified addressing maps at these
+            // addresses) and its memory stays alive until the context is
+            // drained.
+            unsafe {
+                result::launch_kernel(
+                    k.function.0,
+                    (chunk.len() as u32, 1, 1),
+                    (COPY_KERNEL_THREADS, 1, 1),
+                    0,
+                    stream.raw.0,
+                    &mut params,
+                )
+            }
+            .map_err(|e| at_run(drv("cuLaunchKernel")(e), c * COPY_KERNEL_RUNS))?;
+        }
+        Ok(())
+    }
+    /// Batched copies through the copy engines: the batch API where chosen,
+    /// else one call per run.
+    fn engine_copies(
+        &self,
+        stream: &CudaStream,
+        runs: Vec<(&CopyRun<'_>, CopyKind)>,
+    ) -> Result<()> {
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let s = stream.raw.0;
+
+        if runs.len() > 1 && self.batch_api() {
+            let ordinal = self.ctx.cu.ordinal();
+            let mut plan = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
+                srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+                srcLocHint: location(r.src.kind(), ordinal),
+                dstLocHint: location(r.dst.kind(), ordinal),
+                flags: 0,
+            });
+            let mut dsts: Vec<u64> = plan
+                .order
+                .iter()
+                .map(|&i| runs[i].0.dst.addr() + runs[i].0.dst_offset as u64)
+                .collect();
+            let mut srcs: Vec<u64> = plan
+                .order
+                .iter()
+                .map(|&i| runs[i].0.src.addr() + runs[i].0.src_offset as u64)
+                .collect();
+            let mut sizes: Vec<usize> = plan.order.iter().map(|&i| runs[i].0.len).collect();
+            for _ in &runs {
+                stream.state.next();
+            }
+            let mut fail = usize::MAX;
+            // SAFETY: every run was validated; the copy arrays have one entry
+            // per run, `plan.attrs` and `plan.starts` one per group (`starts[0] == 0`,
+            // increasing, below the run count); memory stays alive
+            // (allocations drain the context before release).
+            return unsafe {
+                sys::cuMemcpyBatchAsync(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    dsts.len(),
+                    plan.attrs.as_mut_ptr(),
+                    plan.starts.as_mut_ptr(),
+                    plan.attrs.len(),
+                    &mut fail,
+                    s,
+                )
+            }
+            .result()
+            .map_err(|e| at_run(drv("cuMemcpyBatchAsync")(e), plan.run_at(fail)));
+        }
+        for (r, k) in runs {
+            stream.state.next();
+            // SAFETY: validated (same device, in bounds, legal direction);
+            // memory stays alive until the context is drained.
+            unsafe {
+                raw_copy(
+                    k,
+                    r.dst.addr() + r.dst_offset as u64,
+                    r.src.addr() + r.src_offset as u64,
+                    r.len,
+                    s,
+                )
+            }?;
+        }
+        Ok(())
+    }
+
     fn check_stream(&self, s: &CudaStream) -> Result<()> {
         same_device(&self.ctx, &s.ctx, "stream")
     }
@@ -569,16 +796,20 @@ impl Device for CudaDevice {
     fn alloc_pinned(&self, len: usize) -> Result<Memory> {
         check_alloc_len(len)?;
         self.ctx.bind()?;
+        // Mapped for the copy kernel (implied with unified addressing).
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: context current on this thread.
-        let p = unsafe { result::malloc_host(len, 0) }.map_err(drv("cuMemHostAlloc"))?;
+        let p = unsafe { result::malloc_host(len, flags) }.map_err(drv("cuMemHostAlloc"))?;
         Ok(self.memory(MemKind::Pinned, p as u64, len, Some(AllocKind::Host)))
     }
 
     unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<Memory> {
         check_region(addr.is_null(), len, "host")?;
         self.ctx.bind()?;
+        // Mapped for the copy kernel (implied with unified addressing).
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: the caller guarantees the region (trait contract).
-        unsafe { sys::cuMemHostRegister_v2(addr.cast(), len, 0) }
+        unsafe { sys::cuMemHostRegister_v2(addr.cast(), len, flags) }
             .result()
             .map_err(drv("cuMemHostRegister"))?;
         Ok(self.memory(
@@ -627,67 +858,20 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.ctx.bind()?;
-        let s = stream.raw.0;
-        if runs.len() > 1 && self.batch_api() {
-            let ordinal = self.ctx.cu.ordinal();
-            let mut plan = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
-                srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-                srcLocHint: location(r.src.kind(), ordinal),
-                dstLocHint: location(r.dst.kind(), ordinal),
-                flags: 0,
-            });
-            let mut dsts: Vec<u64> = plan
-                .order
-                .iter()
-                .map(|&i| runs[i].0.dst.addr() + runs[i].0.dst_offset as u64)
-                .collect();
-            let mut srcs: Vec<u64> = plan
-                .order
-                .iter()
-                .map(|&i| runs[i].0.src.addr() + runs[i].0.src_offset as u64)
-                .collect();
-            let mut sizes: Vec<usize> = plan.order.iter().map(|&i| runs[i].0.len).collect();
-            for _ in &runs {
-                stream.state.next();
+        if runs.len() > 1 && self.copy_path() == CopyPath::Kernel {
+            let (short, long): (Vec<_>, Vec<_>) = runs
+                .into_iter()
+                .partition(|(r, _)| r.len < COPY_KERNEL_MAX_RUN);
+            if short.len() > 1 {
+                self.kernel_copies(stream, &short)?;
+                return self.engine_copies(stream, long);
             }
-            let mut fail = usize::MAX;
-            // SAFETY: every run was validated; the copy arrays have one entry
-            // per run, `plan.attrs` and `plan.starts` one per group (`starts[0] == 0`,
-            // increasing, below the run count); memory stays alive
-            // (allocations drain the context before release).
-            return unsafe {
-                sys::cuMemcpyBatchAsync(
-                    dsts.as_mut_ptr(),
-                    srcs.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    dsts.len(),
-                    plan.attrs.as_mut_ptr(),
-                    plan.starts.as_mut_ptr(),
-                    plan.attrs.len(),
-                    &mut fail,
-                    s,
-                )
-            }
-            .result()
-            .map_err(|e| at_run(drv("cuMemcpyBatchAsync")(e), plan.run_at(fail)));
+            let mut all = short;
+            all.extend(long);
+            return self.engine_copies(stream, all);
         }
-        for (r, k) in runs {
-            stream.state.next();
-            // SAFETY: validated (same device, in bounds, legal direction);
-            // memory stays alive until the context is drained.
-            unsafe {
-                raw_copy(
-                    k,
-                    r.dst.addr() + r.dst_offset as u64,
-                    r.src.addr() + r.src_offset as u64,
-                    r.len,
-                    s,
-                )
-            }?;
-        }
-        Ok(())
+        self.engine_copies(stream, runs)
     }
-
     fn launch_host_fn(&self, stream: &CudaStream, f: HostFn) -> Result<()> {
         self.check_stream(stream)?;
         self.ctx.bind()?;
