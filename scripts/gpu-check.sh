@@ -11,7 +11,8 @@
 # loads libcuda at run time, and the layer kernel is PTX the driver compiles.
 #
 # It runs the CUDA tests with UCM_REQUIRE_GPU=1 (they fail, never skip,
-# without a usable GPU), then `ucm bench device --device cuda --json`:
+# without a usable GPU), `ucm bench store --device cuda` (below), and
+# `ucm bench device --device cuda --json`:
 #   h2d_pinned / d2h_pinned   against a raw cuMemcpy*Async loop (goal >= 0.9)
 #   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.9),
 #                             through the copy kernel (`copy_path` says which ran)
@@ -37,4 +38,12 @@ echo "== ucm info"
 echo "== ucm bench device --device cuda"
 timeout 150 "$BIN_DIR/ucm" bench device --device cuda --json --size 1G --reps 5 \
     --layers 32 --layer-size 64M | tee "$OUT/bench-device.jsonl"
-echo "== done: record the figures in the README with the date and GPU model"
+echo "== ucm bench store --device cuda (16 KiB, 64 KiB and 2 MiB shards; files on tmpfs)"
+# Warm and layerwise loads against the contiguous pinned-to-GPU copy of the
+# same bytes in the same round; every load's destination checked byte for
+# byte in the first round.
+store_dir=$(mktemp -d /dev/shm/ucm-gpu-check.XXXXXX)
+trap 'rm -rf "$store_dir"' EXIT
+timeout 300 "$BIN_DIR/ucm" bench store --device cuda --json --dir "$store_dir" \
+    --shard-sizes 16K,64K,2M --size 1G --reps 3 --no-fio | tee "$OUT/bench-store.jsonl"
+echo "== done: record the figures in docs/gpu.md with the date and GPU model"

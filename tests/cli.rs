@@ -236,6 +236,54 @@ fn bench_device_on_cuda_without_a_driver_says_why() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("libcuda"));
 }
 
+/// `bench store --device cuda` through the libcuda double: every path, the
+/// pool paths against the pinned-to-device copy, every load's destination
+/// checked byte for byte (the run fails on a wrong byte).
+#[cfg(feature = "cuda")]
+#[test]
+fn bench_store_runs_on_the_cuda_double() {
+    let double = ucm::device::accel::cuda::double_path().expect("the CUDA double was built");
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        ucm()
+            .args(["bench", "store", "--json", "--device", "cuda", "--no-fio"])
+            .args(["--size", "4M", "--shard-sizes", "16K,64K", "--shards", "4"])
+            .args(["--reps", "1", "--dir"])
+            .arg(dir.path())
+            .env("UCM_CUDA_LIB", &double),
+    );
+    let recs = json_lines(&out);
+    let paths: Vec<_> = recs.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths.iter().filter(|p| **p == "load_warm").count(), 2);
+    assert!(paths.contains(&"lookup_disk"));
+    for r in recs.iter().filter(|r| r["path"] == "load_warm") {
+        assert!(r["limit"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("batched copies: kernel"), "{err}");
+}
+
+#[test]
+fn bench_store_refuses_a_device_it_cannot_run_on() {
+    for (args, want) in [
+        (vec!["--device", "npu"], "the store bench runs on host"),
+        (vec!["--device", "tpu"], "--device"),
+        (
+            vec!["--device", "cuda", "--remote", "redis://127.0.0.1:1"],
+            "host device only",
+        ),
+    ] {
+        let out = ucm()
+            .args(["bench", "store", "--size", "1M", "--reps", "1"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
 /// `bench store --sync-mode`: `files` makes each dump durable with fsyncs
 /// only (no `syncfs`), `auto` with one `syncfs` per batch where the file
 /// system's `syncfs` stands for them; the record says which. A bad mode is

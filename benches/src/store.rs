@@ -1,4 +1,5 @@
-//! `ucm bench store`: the whole tiered store on the host device.
+//! `ucm bench store`: the whole tiered store, on the host device or (with
+//! [`run_on`]) with the data on another device.
 //!
 //! For each shard size, `blocks x shards` of it (1 GiB by default):
 //! - `dump_cold`: dump everything and wait until durable; limit: fio writing
@@ -294,13 +295,13 @@ pub(super) fn id(n: u64) -> BlockId {
     b
 }
 
-pub(super) fn open_store(
-    dev: &Arc<HostDevice>,
+pub(super) fn open_store<D: Device>(
+    dev: &Arc<D>,
     dir: &Path,
     geo: Geometry,
     slots: usize,
     cfg: &StoreBenchConfig,
-) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
+) -> Result<TieredBlockStore<D>, StoreBenchError> {
     open_store_with(
         dev,
         dir,
@@ -314,15 +315,15 @@ pub(super) fn open_store(
 
 /// [`open_store`] with `tiers` below the disk and a pool load timeout of
 /// `load_timeout`.
-pub(super) fn open_store_with(
-    dev: &Arc<HostDevice>,
+pub(super) fn open_store_with<D: Device>(
+    dev: &Arc<D>,
     dir: &Path,
     geo: Geometry,
     slots: usize,
     cfg: &StoreBenchConfig,
     tiers: Vec<RemoteTier>,
     load_timeout: Duration,
-) -> Result<TieredBlockStore<HostDevice>, StoreBenchError> {
+) -> Result<TieredBlockStore<D>, StoreBenchError> {
     let ways = 256.min(slots);
     let pool = ClockPool::open(PoolConfig {
         shard_bytes: geo.shard_bytes,
@@ -390,23 +391,64 @@ fn source_chunk(bytes: usize, seed: u64) -> Vec<u8> {
 
 /// Device memory of `bytes`, filled with a pattern of `seed` (1 MiB
 /// repeated, copied from one 1 MiB host buffer).
-pub(super) fn pattern_source(
-    dev: &HostDevice,
+pub(super) fn pattern_source<D: Device>(
+    dev: &D,
     bytes: usize,
     seed: u64,
 ) -> Result<Memory, StoreBenchError> {
     let src = dev.alloc_device(bytes)?;
-    let host = dev.alloc_pinned(SOURCE_CHUNK.min(bytes))?;
-    let chunk = source_chunk(bytes, seed);
-    host.write_host(0, &chunk)?;
-    let s = dev.create_stream()?;
-    let runs: Vec<CopyRun<'_>> = (0..bytes)
-        .step_by(SOURCE_CHUNK)
-        .map(|off| CopyRun::new(&src, off, &host, 0, SOURCE_CHUNK.min(bytes - off)))
-        .collect();
-    dev.copy_batch_async(&s, &runs)?;
-    dev.synchronize_stream(&s)?;
+    fill_pattern(dev, &src, bytes, seed)?;
     Ok(src)
+}
+
+/// Writes `seed`'s pattern (1 MiB repeated) over the first `bytes` of
+/// device memory `mem`.
+fn fill_pattern<D: Device>(
+    dev: &D,
+    mem: &Memory,
+    bytes: usize,
+    seed: u64,
+) -> Result<(), StoreBenchError> {
+    let host = dev.alloc_pinned(SOURCE_CHUNK.min(bytes))?;
+    host.write_host(0, &source_chunk(bytes, seed))?;
+    let s = dev.create_stream()?;
+    for off in (0..bytes).step_by(SOURCE_CHUNK) {
+        dev.copy_async(
+            &s,
+            &CopyRun::new(mem, off, &host, 0, SOURCE_CHUNK.min(bytes - off)),
+        )?;
+    }
+    dev.synchronize_stream(&s)?;
+    Ok(())
+}
+
+/// Checks that the first `bytes` of device memory `mem` hold `seed`'s
+/// pattern, reading it back 1 MiB at a time; the first wrong byte is an
+/// error naming `what` and its offset.
+fn check_pattern<D: Device>(
+    dev: &D,
+    mem: &Memory,
+    bytes: usize,
+    seed: u64,
+    what: &str,
+) -> Result<(), StoreBenchError> {
+    let want = source_chunk(bytes, seed);
+    let host = dev.alloc_pinned(want.len())?;
+    let s = dev.create_stream()?;
+    let mut got = vec![0u8; want.len()];
+    for off in (0..bytes).step_by(SOURCE_CHUNK) {
+        let n = SOURCE_CHUNK.min(bytes - off);
+        dev.copy_async(&s, &CopyRun::new(&host, 0, mem, off, n))?;
+        dev.synchronize_stream(&s)?;
+        host.read_host(0, &mut got[..n])?;
+        if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+            return Err(StoreBenchError::Other(format!(
+                "{what}: wrong byte at offset {} of the destination",
+                off + i
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The memcpy limit of the pool paths: `bytes` from `src` to `dst`, one
@@ -463,8 +505,31 @@ pub(super) fn expect_ok(
     }
 }
 
-/// Runs every path for every shard size.
+/// The limit of the pool paths on a device: GiB/s of moving `bytes` into
+/// the destination (device memory) the way the device moves bytes best,
+/// measured once per round.
+pub type PoolLimit<'a> = dyn Fn(&Memory, &Memory, usize) -> Result<f64, StoreBenchError> + 'a;
+
+/// Runs every path for every shard size on the host device, the pool
+/// paths against [`memcpy_limit`].
 pub fn run(
+    cfg: &StoreBenchConfig,
+    progress: impl FnMut(&str),
+) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
+    let dev = Arc::new(HostDevice::new());
+    let limit = |dst: &Memory, src: &Memory, n: usize| memcpy_limit(&dev, dst, src, n);
+    run_on(&dev, &limit, cfg, progress)
+}
+
+/// Runs every path for every shard size with the data on `dev`: the
+/// loads' destination and the dumps' source are its memory, the pool is
+/// registered with it. `limit(dst, src, bytes)` is the pool paths' limit
+/// (on a GPU: the contiguous pinned-to-device copy of the same bytes); the
+/// disk paths' serial limits use it in place of memcpy. Every load path's
+/// destination is checked byte for byte in the first round.
+pub fn run_on<D: Device>(
+    dev: &Arc<D>,
+    limit: &PoolLimit<'_>,
     cfg: &StoreBenchConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<StoreBenchRecord>, StoreBenchError> {
@@ -490,7 +555,15 @@ pub fn run(
     let result = (|| {
         let mut out = Vec::new();
         for &shard_bytes in &cfg.shard_sizes {
-            out.extend(run_size(cfg, &root, shard_bytes, fio, &mut progress)?);
+            out.extend(run_size(
+                dev,
+                limit,
+                cfg,
+                &root,
+                shard_bytes,
+                fio,
+                &mut progress,
+            )?);
         }
         out.extend(run_lookups(cfg, &root, &mut progress)?);
         for r in &mut out {
@@ -502,7 +575,9 @@ pub fn run(
     result
 }
 
-fn run_size(
+fn run_size<D: Device>(
+    dev: &Arc<D>,
+    limit: &PoolLimit<'_>,
     cfg: &StoreBenchConfig,
     root: &Path,
     shard_bytes: usize,
@@ -516,14 +591,13 @@ fn run_size(
         slots,
     } = workload(cfg, shard_bytes)?;
     let dir = root.join(format!("s{shard_bytes}"));
-    let dev = Arc::new(HostDevice::new());
     progress(&format!(
         "store bench: {blocks} blocks x {} shards of {} KiB ({} MiB)",
         cfg.shards,
         shard_bytes >> 10,
         bytes >> 20
     ));
-    let src = pattern_source(&dev, bytes, SOURCE_SEED)?;
+    let src = pattern_source(&**dev, bytes, SOURCE_SEED)?;
     let reps = cfg.reps.max(1);
     let fio_file = root.join("fio.dat");
     // fio on a file of the same size in the same directory tree, with the
@@ -552,7 +626,13 @@ fn run_size(
     let mut fs_syncs = None;
     let dst = dev.alloc_device(bytes)?;
     // Pre-fault the destination (the source is already written).
-    memcpy_limit(&dev, &dst, &src, bytes)?;
+    limit(&dst, &src, bytes)?;
+    // Before a checked load, the destination holds another pattern.
+    let poison = |what: &str| -> Result<(), StoreBenchError> {
+        fill_pattern(&**dev, &dst, bytes, SOURCE_SEED + 1)
+            .map_err(|e| StoreBenchError::Other(format!("{what}: clearing: {e}")))
+    };
+    let check = |what: &str| check_pattern(&**dev, &dst, bytes, SOURCE_SEED, what);
     // The source's bytes in host memory, for the checksum rate: the
     // chunk `pattern_source` repeats.
     let host_copy: Vec<u8> = source_chunk(bytes, SOURCE_SEED)
@@ -565,7 +645,7 @@ fn run_size(
         progress(&format!("round {}/{reps}", rep + 1));
         let rdir = dir.join(format!("r{rep}"));
         // dump_cold, against fio writing the same bytes (a new file).
-        let st = open_store(&dev, &rdir, geo, slots, cfg)?;
+        let st = open_store(dev, &rdir, geo, slots, cfg)?;
         let t = Instant::now();
         let h = st.dump(task(geo, blocks, &src, 0..cfg.shards), None)?;
         expect_ok(&h.wait(), "dump")?;
@@ -588,20 +668,26 @@ fn run_size(
         progress(&format!("dump_cold: {ours:.3} GiB/s (fio {})", opt3(w)));
 
         // load_cold: a fresh store (empty pool), everything from disk.
-        let st = open_store(&dev, &rdir, geo, slots, cfg)?;
+        let st = open_store(dev, &rdir, geo, slots, cfg)?;
+        if rep == 0 {
+            poison("load_cold")?;
+        }
         let t = Instant::now();
         expect_ok(
             &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
             "load_cold",
         )?;
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+        if rep == 0 {
+            check("load_cold")?;
+        }
         load_cold.push(ours);
         let r = fio_run(Pattern::SeqRead)?;
         fio_r.extend(r);
         progress(&format!("load_cold: {ours:.3} GiB/s (fio {})", opt3(r)));
 
         // The memcpy limit of the pool paths (see the module).
-        let m = memcpy_limit(&dev, &dst, &src, bytes)?;
+        let m = limit(&dst, &src, bytes)?;
         memcpy.push(m);
         crc.push(crc_rate(&host_copy, shard_bytes)?);
 
@@ -610,6 +696,9 @@ fn run_size(
             .stats()
             .pool_hits
             .load(std::sync::atomic::Ordering::Relaxed);
+        if rep == 0 {
+            poison("load_warm")?;
+        }
         let t = Instant::now();
         expect_ok(
             &st.load(task(geo, blocks, &dst, 0..cfg.shards))?.wait(),
@@ -627,10 +716,16 @@ fn run_size(
                 blocks * cfg.shards as usize
             )));
         }
+        if rep == 0 {
+            check("load_warm")?;
+        }
         warm.push(ours);
         progress(&format!("load_warm: {ours:.3} GiB/s (memcpy {m:.3})"));
 
         // load_layerwise: one shard index at a time across all blocks.
+        if rep == 0 {
+            poison("load_layerwise")?;
+        }
         let t = Instant::now();
         for s in 0..cfg.shards {
             expect_ok(
@@ -639,6 +734,9 @@ fn run_size(
             )?;
         }
         let ours = gib_s(bytes as u64, t.elapsed().as_secs_f64());
+        if rep == 0 {
+            check("load_layerwise")?;
+        }
         layerwise.push(ours);
         progress(&format!("load_layerwise: {ours:.3} GiB/s (memcpy {m:.3})"));
         drop(st);
@@ -830,6 +928,34 @@ fn lookup_record(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_content_check_finds_a_wrong_byte() {
+        let dev = HostDevice::new();
+        let bytes = 3 * SOURCE_CHUNK + 5;
+        let mem = pattern_source(&dev, bytes, 7).unwrap();
+        check_pattern(&dev, &mem, bytes, 7, "t").unwrap();
+        // Another pattern, and one flipped byte past the first chunk.
+        assert!(check_pattern(&dev, &mem, bytes, 8, "t").is_err());
+        let at = 2 * SOURCE_CHUNK + 3;
+        let one = dev.alloc_pinned(1).unwrap();
+        let s = dev.create_stream().unwrap();
+        dev.copy_async(&s, &CopyRun::new(&one, 0, &mem, at, 1))
+            .unwrap();
+        dev.synchronize_stream(&s).unwrap();
+        let mut b = [0u8; 1];
+        one.read_host(0, &mut b).unwrap();
+        one.write_host(0, &[b[0] ^ 1]).unwrap();
+        dev.copy_async(&s, &CopyRun::new(&mem, at, &one, 0, 1))
+            .unwrap();
+        dev.synchronize_stream(&s).unwrap();
+        let e = check_pattern(&dev, &mem, bytes, 7, "load_x").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("load_x: wrong byte at offset {at}")),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_small_store_bench_reports_every_path() {

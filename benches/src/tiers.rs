@@ -127,7 +127,7 @@ fn run_size(
         bytes >> 20,
         urls.join(" then ")
     ));
-    let src = pattern_source(&dev, bytes, 13)?;
+    let src = pattern_source(&*dev, bytes, 13)?;
     let expected = host_copy(&dev, &src, bytes)?;
     let dst = dev.alloc_device(bytes)?;
     let ids: Vec<BlockId> = (0..blocks as u64).map(id).collect();

@@ -130,6 +130,12 @@ pub(crate) struct StoreArgs {
     /// directory).
     #[arg(long, default_value = "auto")]
     sync_mode: SyncMode,
+    /// Where the loads' destination and the dumps' source live: `host`
+    /// (memcpy is the pool paths' limit) or `cuda[:N]` (a build with the
+    /// `cuda` feature; the limit is the contiguous pinned-to-GPU copy of the
+    /// same bytes).
+    #[arg(long, default_value = "host")]
+    device: String,
     /// Measure the tiers below the disk instead: a Redis or Valkey cluster
     /// (`redis://host:port,...`) ...
     #[arg(long)]
@@ -485,10 +491,30 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
         sync: a.sync_mode,
     };
     let tiers: Vec<String> = a.remote.iter().chain(&a.cold).cloned().collect();
-    let records = if tiers.is_empty() {
-        storebench::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?
-    } else {
-        ucm::bench::tiers::run(&cfg, &tiers, |l| eprintln!("{l}")).map_err(|e| e.to_string())?
+    let spec: ucm::device::DeviceSpec = a.device.parse().map_err(|e| format!("--device: {e}"))?;
+    let progress = |l: &str| eprintln!("{l}");
+    let records = match spec {
+        ucm::device::DeviceSpec::Host if tiers.is_empty() => {
+            storebench::run(&cfg, progress).map_err(|e| e.to_string())?
+        }
+        ucm::device::DeviceSpec::Host => {
+            ucm::bench::tiers::run(&cfg, &tiers, progress).map_err(|e| e.to_string())?
+        }
+        _ if !tiers.is_empty() => {
+            return Err("--remote and --cold measure the host device only".into());
+        }
+        #[cfg(feature = "cuda")]
+        ucm::device::DeviceSpec::Cuda(i) => store_on_cuda(i, &cfg, progress)?,
+        other => {
+            return Err(format!(
+                "--device {other}: the store bench runs on host{}",
+                if cfg!(feature = "cuda") {
+                    " and cuda"
+                } else {
+                    " (cuda needs a build with the `cuda` feature)"
+                }
+            ))
+        }
     };
     if !a.json {
         if let Some(l) = records.first().and_then(|r| r.load_average) {
@@ -523,6 +549,44 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `ucm bench store --device cuda:N`: the data on GPU `ordinal`, the pool
+/// paths against the contiguous copy of the same bytes from one pinned
+/// buffer.
+#[cfg(feature = "cuda")]
+fn store_on_cuda(
+    ordinal: u32,
+    cfg: &ucm::bench::store::StoreBenchConfig,
+    progress: impl FnMut(&str),
+) -> Result<Vec<ucm::bench::store::StoreBenchRecord>, String> {
+    use std::sync::{Arc, Mutex};
+    use ucm::bench::store::StoreBenchError;
+    use ucm::device::accel::cuda::{self, CudaDevice};
+    use ucm::device::{Device, Memory};
+    if let Some((path, true)) = cuda::preloaded() {
+        eprintln!(
+            "note: libcuda is UCM's host-memory test double ({}): a smoke run, not a GPU",
+            path.display()
+        );
+    }
+    let dev = Arc::new(CudaDevice::new(ordinal as usize).map_err(|e| e.to_string())?);
+    eprintln!("batched copies: {}", dev.copy_path().name());
+    let staging: Mutex<Option<Memory>> = Mutex::new(None);
+    let limit = |dst: &Memory, _src: &Memory, n: usize| -> Result<f64, StoreBenchError> {
+        let mut g = staging.lock().unwrap_or_else(|e| e.into_inner());
+        let host = match g.take() {
+            Some(m) if m.len() >= n => m,
+            _ => dev.alloc_pinned(n)?,
+        };
+        let t = std::time::Instant::now();
+        let r = dev.raw_copy(dst, &host, n, n);
+        let secs = t.elapsed().as_secs_f64();
+        *g = Some(host);
+        r?;
+        Ok(n as f64 / (1u64 << 30) as f64 / secs)
+    };
+    ucm::bench::store::run_on(&dev, &limit, cfg, progress).map_err(|e| e.to_string())
 }
 
 pub(crate) fn bench_io(a: IoArgs) -> Result<(), String> {
