@@ -20,6 +20,10 @@
 #                         machine that cannot reach GitHub; without it
 #                         upstream's CMake fetches its own pins
 #   UCM_UPSTREAM_PYTHON   a Python with torch and numpy (default python3)
+#   UCM_UPSTREAM_TIMEOUT  seconds one upstream round may take (default 600):
+#                         upstream has hung in its loads (every thread
+#                         waiting); such a round is killed and counted as
+#                         failed
 #   UCM_BIN               our binary (default target/release/ucm; build it first
 #                         with cargo build --release)
 # Each round runs `ucm bench store --reps 1 --no-fio` and one round of
@@ -39,6 +43,7 @@ shards=${UCM_UPSTREAM_SHARDS:-65536 2097152}
 bytes=${UCM_UPSTREAM_BYTES:-1073741824}
 work=${UCM_UPSTREAM_WORK:-/var/tmp/ucm-upstream-bench}
 py=${UCM_UPSTREAM_PYTHON:-python3}
+round_timeout=${UCM_UPSTREAM_TIMEOUT:-600}
 bin=${UCM_BIN:-target/release/ucm}
 [ -x "$bin" ] || { echo "bench-upstream: $bin not built (cargo build --release)" >&2; exit 2; }
 # A checkout, or a bare clone (its HEAD is built).
@@ -85,14 +90,19 @@ fi
 echo "$commit" > "$out/upstream-commit"
 
 up() { # DIR SHARD ROUND
-  local direct=()
+  local direct=() scratch
   [ "$(stat -f -c %T "$1")" = tmpfs ] || direct=(--direct)
+  # Each round in a directory of its own, removed afterwards even when
+  # the round was killed.
+  scratch=$(mktemp -d "$1/ucm-upstream-round.XXXXXX")
   # Upstream's logger writes log/<pid>/ under the working directory: the
   # work directory, never the caller's.
   (cd "$work" && PYTHONPATH="$work/py:$work/deps" UC_LOGGER_LEVEL=error \
-    "$py" "$here/bench_upstream.py" "$1" "$2" --bytes "$bytes" "${direct[@]}" \
+    timeout --kill-after=10 "$round_timeout" \
+    "$py" "$here/bench_upstream.py" "$scratch" "$2" --bytes "$bytes" "${direct[@]}" \
     > "$out/up-$4-$2-$3.jsonl" 2> "$out/up-$4-$2-$3.log") \
-    || { say "upstream failed (round $3): $out/up-$4-$2-$3.log"; echo '{"path": "failed"}' >> "$out/up-$4-$2-$3.jsonl"; }
+    || { say "upstream failed or hung (round $3): $out/up-$4-$2-$3.log"; echo '{"path": "failed"}' >> "$out/up-$4-$2-$3.jsonl"; }
+  rm -rf "$scratch"
 }
 ours() { # DIR SHARD ROUND
   "$bin" bench store --dir "$1" --shard-sizes "$2" --size "$bytes" --reps 1 --no-fio --json \
