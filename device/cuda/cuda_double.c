@@ -700,12 +700,28 @@ static void run_layer_compute(dq_op_t *op) {
     }
 }
 
-static void launch_done(dq_op_t *op) {
+/* A launch queued on `s`: its module stays loaded until it ran. */
+static CUresult queue_launch(func_t *f, stream_t *s, dq_op_t *op) {
+    op->user[2] = f->module;
+    pthread_mutex_lock(&g_lock);
+    f->module->users++;
+    g_stats.kernel_launches++;
+    pthread_mutex_unlock(&g_lock);
+    dq_push(s, op);
+    return CUDA_SUCCESS;
+}
+
+/* After a launch ran: its module may be unloaded. */
+static void module_done(dq_op_t *op) {
     module_t *m = op->user[2];
-    release_use(op->user[0]);
     pthread_mutex_lock(&g_lock);
     m->users--;
     pthread_mutex_unlock(&g_lock);
+}
+
+static void launch_done(dq_op_t *op) {
+    release_use(op->user[0]);
+    module_done(op);
 }
 
 /* ucm_copy_runs (copy_runs.ptx): its parameter block, copied at launch. */
@@ -748,10 +764,7 @@ static void run_copy_runs(dq_op_t *op) {
 static void copy_runs_done(dq_op_t *op) {
     copy_job_t *j = op->args;
     for (uint32_t i = 0; i < 2 * j->batch.count; i++) release_use(j->regions[i]);
-    module_t *m = op->user[2];
-    pthread_mutex_lock(&g_lock);
-    m->users--;
-    pthread_mutex_unlock(&g_lock);
+    module_done(op);
     free(j);
 }
 
@@ -777,13 +790,7 @@ static CUresult launch_copy_runs(func_t *f, stream_t *s, const void *param) {
     op->fn = run_copy_runs;
     op->done = copy_runs_done;
     op->args = j;
-    op->user[2] = f->module;
-    pthread_mutex_lock(&g_lock);
-    f->module->users++;
-    g_stats.kernel_launches++;
-    pthread_mutex_unlock(&g_lock);
-    dq_push(s, op);
-    return CUDA_SUCCESS;
+    return queue_launch(f, s, op);
 }
 
 CUresult cuModuleLoadData(void **out, const void *image) {
@@ -858,11 +865,5 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     op->len = (size_t)n;
     op->epoch = iters;
     op->user[0] = r;
-    op->user[2] = f->module;
-    pthread_mutex_lock(&g_lock);
-    f->module->users++;
-    g_stats.kernel_launches++;
-    pthread_mutex_unlock(&g_lock);
-    dq_push(s, op);
-    return CUDA_SUCCESS;
+    return queue_launch(f, s, op);
 }

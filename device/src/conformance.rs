@@ -55,6 +55,26 @@ pub fn download<D: Device>(dev: &D, mem: &Memory, at: usize, len: usize) -> Resu
     Ok(v)
 }
 
+/// Checks the layout a scatter by `slot` leaves: device memory `mem` holds
+/// run `i` of `data` (runs of `piece` bytes) at `slot(i) * piece`, read back
+/// in one plain copy.
+pub fn check_scattered<D: Device>(
+    dev: &D,
+    mem: &Memory,
+    data: &[u8],
+    piece: usize,
+    slot: impl Fn(usize) -> usize,
+) -> Result<()> {
+    let got = download(dev, mem, 0, data.len())?;
+    for i in 0..data.len() / piece.max(1) {
+        let at = slot(i) * piece;
+        if got.get(at..at + piece) != Some(&data[i * piece..(i + 1) * piece]) {
+            return Err(fail(format!("run {i} landed in the wrong place")));
+        }
+    }
+    Ok(())
+}
+
 /// Runs every check in order.
 pub fn run_all<D: Device>(dev: &D) -> Result<()> {
     round_trip(dev)?;

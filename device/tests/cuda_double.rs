@@ -234,20 +234,7 @@ fn the_copy_kernel_moves_each_run_to_its_place() {
     dev.synchronize_stream(&s).unwrap();
     assert_eq!(stats().kernel_launches, launches + 2, "two launches");
     assert_eq!(stats().copies, copies, "no copy-engine call");
-    // The device as a whole (one run: the copy engines).
-    let whole = dev.alloc_pinned(total).unwrap();
-    dev.copy_async(&s, &CopyRun::new(&whole, 0, &d, 0, total))
-        .unwrap();
-    dev.synchronize_stream(&s).unwrap();
-    let mut got = vec![0u8; total];
-    whole.read_host(0, &mut got).unwrap();
-    for i in 0..runs {
-        let at = slot(i) * piece;
-        assert!(
-            got[at..at + piece] == data[i * piece..(i + 1) * piece],
-            "run {i} landed in the wrong place"
-        );
-    }
+    conformance::check_scattered(&dev, &d, &data, piece, slot).unwrap();
     // Gather back in order (device to host, through the kernel again),
     // plus one long run that goes to the copy engines.
     let back = dev.alloc_pinned(total + cuda::COPY_KERNEL_MAX_RUN).unwrap();
