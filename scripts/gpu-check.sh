@@ -5,13 +5,18 @@
 #   cargo test -p ucm-device --features cuda --no-run 2>&1 | grep -o 'target/[^ )]*cuda_gpu-[0-9a-f]*'
 #   cargo build --release --features cuda
 #
+#   (cd python && maturin build --release -o ../target/wheels)
+#
 # and put the test executable target/debug/deps/cuda_gpu-<hash>, the file
-# target/release/ucm and this script into one folder (BIN_DIR, default: the
-# script's folder). No CUDA toolkit is needed on either machine: cudarc
+# target/release/ucm and the wheel target/wheels/ucm-*.whl (abi3, built
+# with the `cuda` feature) into one folder (BIN_DIR, default: the script's
+# folder). The Python tests run from the checkout the script sits in
+# (python/tests: they read fixtures elsewhere in the repository). No CUDA toolkit is needed on either machine: cudarc
 # loads libcuda at run time, and the layer kernel is PTX the driver compiles.
 #
-# It runs the CUDA tests with UCM_REQUIRE_GPU=1 (they fail, never skip,
-# without a usable GPU), `ucm bench store --device cuda` (below), and
+# It runs the CUDA tests and the Python tests with UCM_REQUIRE_GPU=1 (they
+# fail, never skip, without a usable GPU), `ucm bench store --device cuda`
+# (below), and
 # `ucm bench device --device cuda --json`:
 #   h2d_pinned / d2h_pinned   against a raw cuMemcpy*Async loop (goal >= 0.9)
 #   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.9),
@@ -33,6 +38,16 @@ gpu_test=$(ls "$BIN_DIR"/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -n 1 || 
 [ -x "$gpu_test" ] || { echo "no cuda_gpu-* test binary in $BIN_DIR" >&2; exit 2; }
 echo "== CUDA tests (UCM_REQUIRE_GPU=1)"
 timeout 120 "$gpu_test" --nocapture --test-threads=1 2>&1 | tee "$OUT/cuda-tests.log"
+echo "== Python tests on cuda (UCM_REQUIRE_GPU=1)"
+wheel=$(ls "$BIN_DIR"/ucm-*.whl 2>/dev/null | head -n 1 || true)
+py_tests=$(cd "$(dirname "$0")/.." && pwd)/python/tests
+[ -f "$wheel" ] || { echo "no ucm-*.whl in $BIN_DIR" >&2; exit 2; }
+[ -d "$py_tests" ] || { echo "no $py_tests: run the script from a checkout" >&2; exit 2; }
+py_dir=$(mktemp -d)
+python3 -m pip install -q --no-deps --target "$py_dir" "$wheel"
+PYTHONPATH="$py_dir${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
+    python3 -m pytest -q "$py_tests" 2>&1 | tee "$OUT/python-tests.log"
+rm -rf "$py_dir"
 echo "== ucm info"
 "$BIN_DIR/ucm" info --json | tee "$OUT/info.json"
 echo "== ucm bench device --device cuda"
