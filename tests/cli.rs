@@ -18,6 +18,14 @@ fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
+/// Runs `cmd`, checks that it failed and that its stderr holds `want`.
+fn run_err(cmd: &mut Command, want: &str) {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{cmd:?} succeeded");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(want), "{cmd:?}: {err}");
+}
+
 /// Parses stdout as JSON lines.
 fn json_lines(out: &Output) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(&out.stdout)
@@ -62,12 +70,10 @@ fn info_json_lists_every_device_and_engine() {
 
 #[test]
 fn info_refuses_a_missing_directory() {
-    let out = ucm()
-        .args(["info", "--dir", "/nonexistent/ucm-dir"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+    run_err(
+        ucm().args(["info", "--dir", "/nonexistent/ucm-dir"]),
+        "not a directory",
+    );
 }
 
 #[test]
@@ -125,14 +131,12 @@ fn bench_io_json_prints_one_record_per_case() {
 
 #[test]
 fn bench_io_rejects_bad_sizes() {
-    let out = ucm()
-        .args([
+    run_err(
+        ucm().args([
             "bench", "io", "--blocks", "3000", "--size", "1M", "--no-fio",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("multiple of 4096"));
+        ]),
+        "multiple of 4096",
+    );
 }
 
 #[cfg(feature = "ascend")]
@@ -205,20 +209,15 @@ fn bench_device_on_the_host_prints_one_record_per_case() {
     }
     let hidden = recs[3]["hidden_io_fraction"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&hidden));
-    let out = ucm()
-        .args(["bench", "device", "--device", "tpu"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("`tpu`: unknown kind"));
+    run_err(
+        ucm().args(["bench", "device", "--device", "tpu"]),
+        "`tpu`: unknown kind",
+    );
     if !cfg!(feature = "ascend") {
-        let out = ucm()
-            .args(["bench", "device", "--device", "npu:1"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        assert!(String::from_utf8_lossy(&out.stderr)
-            .contains("device `npu:1` is not available in this build"));
+        run_err(
+            ucm().args(["bench", "device", "--device", "npu:1"]),
+            "device `npu:1` is not available in this build",
+        );
     }
 }
 
@@ -228,12 +227,10 @@ fn bench_device_on_cuda_without_a_driver_says_why() {
     if ucm::device::accel::cuda::driver_present() {
         return;
     }
-    let out = ucm()
-        .args(["bench", "device", "--device", "cuda"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("libcuda"));
+    run_err(
+        ucm().args(["bench", "device", "--device", "cuda"]),
+        "libcuda",
+    );
 }
 
 /// `bench store --device cuda` through the libcuda double: every path, the
@@ -273,14 +270,12 @@ fn bench_store_refuses_a_device_it_cannot_run_on() {
             "host device only",
         ),
     ] {
-        let out = ucm()
-            .args(["bench", "store", "--size", "1M", "--reps", "1"])
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{args:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(want), "{args:?}: {err}");
+        run_err(
+            ucm()
+                .args(["bench", "store", "--size", "1M", "--reps", "1"])
+                .args(&args),
+            want,
+        );
     }
 }
 
@@ -311,11 +306,10 @@ fn bench_store_dumps_in_the_sync_mode_asked_for() {
         let syncs = dump["fs_syncs"].as_u64().expect("fs_syncs");
         assert_eq!(syncs > 0, mode == "auto" && by_fs, "{mode}: {syncs}");
     }
-    let out = ucm()
-        .args(["bench", "store", "--sync-mode", "fsync", "--dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("expected auto or files"));
+    run_err(
+        ucm()
+            .args(["bench", "store", "--sync-mode", "fsync", "--dir"])
+            .arg(dir.path()),
+        "expected auto or files",
+    );
 }

@@ -412,12 +412,11 @@ fn fill_pattern<D: Device>(
     let host = dev.alloc_pinned(SOURCE_CHUNK.min(bytes))?;
     host.write_host(0, &source_chunk(bytes, seed))?;
     let s = dev.create_stream()?;
-    for off in (0..bytes).step_by(SOURCE_CHUNK) {
-        dev.copy_async(
-            &s,
-            &CopyRun::new(mem, off, &host, 0, SOURCE_CHUNK.min(bytes - off)),
-        )?;
-    }
+    let runs: Vec<CopyRun<'_>> = (0..bytes)
+        .step_by(SOURCE_CHUNK)
+        .map(|off| CopyRun::new(mem, off, &host, 0, SOURCE_CHUNK.min(bytes - off)))
+        .collect();
+    dev.copy_batch_async(&s, &runs)?;
     dev.synchronize_stream(&s)?;
     Ok(())
 }

@@ -584,7 +584,7 @@ fn store_on_cuda(
         let secs = t.elapsed().as_secs_f64();
         *g = Some(host);
         r?;
-        Ok(n as f64 / (1u64 << 30) as f64 / secs)
+        Ok(ucm::bench::gib_s(n as u64, secs))
     };
     ucm::bench::store::run_on(&dev, &limit, cfg, progress).map_err(|e| e.to_string())
 }

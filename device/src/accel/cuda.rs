@@ -631,6 +631,7 @@ impl CudaDevice {
         }
         Ok(())
     }
+
     /// Batched copies through the copy engines: the batch API where chosen,
     /// else one call per run.
     fn engine_copies(
@@ -642,7 +643,6 @@ impl CudaDevice {
             return Ok(());
         }
         let s = stream.raw.0;
-
         if runs.len() > 1 && self.batch_api() {
             let ordinal = self.ctx.cu.ordinal();
             let mut plan = batch_attributes(&runs, |r| sys::CUmemcpyAttributes {
@@ -858,20 +858,18 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.ctx.bind()?;
-        if runs.len() > 1 && self.copy_path() == CopyPath::Kernel {
-            let (short, long): (Vec<_>, Vec<_>) = runs
-                .into_iter()
-                .partition(|(r, _)| r.len < COPY_KERNEL_MAX_RUN);
-            if short.len() > 1 {
-                self.kernel_copies(stream, &short)?;
-                return self.engine_copies(stream, long);
-            }
-            let mut all = short;
-            all.extend(long);
-            return self.engine_copies(stream, all);
+        // The kernel takes the short runs when there are two or more; a
+        // single one is a call to the copy engines like the long ones.
+        let short = |r: &CopyRun<'_>| r.len < COPY_KERNEL_MAX_RUN;
+        if runs.iter().filter(|(r, _)| short(r)).count() > 1 && self.copy_path() == CopyPath::Kernel
+        {
+            let (small, long): (Vec<_>, Vec<_>) = runs.into_iter().partition(|(r, _)| short(r));
+            self.kernel_copies(stream, &small)?;
+            return self.engine_copies(stream, long);
         }
         self.engine_copies(stream, runs)
     }
+
     fn launch_host_fn(&self, stream: &CudaStream, f: HostFn) -> Result<()> {
         self.check_stream(stream)?;
         self.ctx.bind()?;
