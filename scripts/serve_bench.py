@@ -23,9 +23,17 @@ grid.
 
 Configurations: `none` (no cache), `vllm` (vLLM's own prefix caching: for a
 hybrid, its "align" mode, which ends prefill chunks on block boundaries
-so that states exist there), `ucm` (UCM's connector, vLLM's cache off, as
-the README configures it), `ucm+vllm` (both: vLLM's alignment gives UCM
-states at block boundaries), `ucm-restart` (below).
+so that states exist there), `ucm` (UCM's connector and its scheduler,
+`ucm.vllm_scheduler.UcmScheduler`, vLLM's cache off, as the README
+configures it), `ucm-unaligned` (the connector with vLLM's own scheduler:
+states only where vLLM ends a step), `ucm+vllm` (both caches: vLLM's
+alignment gives UCM states at block boundaries), `ucm-restart` (below).
+
+The `ucm` run ends with `--throughput-rounds` paired rounds of distinct
+2,000-3,000-token prompts, prefilled with UCM's chunk stops and without
+them in the same engine (the stops switched off in its scheduler): the
+median ratio of prefill throughput is the cost of the stops (goal: at
+least 0.95).
 
 Each configuration runs in a fresh engine process, requests one at a time.
 TTFT is vLLM's own per-request figure (arrival to first token,
@@ -96,7 +104,9 @@ MESSAGE = (150, 250)
 ANSWER = 64
 DOC = 1500
 QUESTION = (40, 90)
-CONFIGS = ["none", "vllm", "ucm", "ucm+vllm", "ucm-restart"]
+CONFIGS = ["none", "vllm", "ucm", "ucm-unaligned", "ucm+vllm", "ucm-restart"]
+# Prompt lengths of the throughput rounds: distinct prompts, no reuse.
+THROUGHPUT = (2000, 2500, 3000)
 # The runs whose failure fails the benchmark; the others are reported.
 REQUIRED = {"none", "ucm", "ucm-restart"}
 
@@ -140,14 +150,21 @@ def run(args) -> None:
     kw = {}
     cfg = args.config
     if cfg.startswith("ucm"):
+        store = "store" if cfg in ("ucm", "ucm-restart") else f"store-{cfg}"
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="UcmConnector",
             kv_connector_module_path="ucm.vllm_connector",
             kv_role="kv_both",
-            kv_connector_extra_config={"dir": str(pathlib.Path(args.work) / "store"),
+            # `ucm-restart` starts on the store `ucm` left; the others
+            # have their own.
+            kv_connector_extra_config={"dir": str(pathlib.Path(args.work) / store),
                                        "model_id": "serve-bench"},
             kv_load_failure_policy="recompute",
         )
+        if cfg != "ucm-unaligned":
+            # As the README configures it: prefill chunks end at UCM's
+            # planned checkpoints.
+            kw["scheduler_cls"] = "ucm.vllm_scheduler.UcmScheduler"
     try:
         llm = LLM(
             model=str(model_dir),
@@ -200,7 +217,40 @@ def run(args) -> None:
             history[key] = prompt + answer
         out.append({"kind": r["kind"], "conv": r["conv"], "turn": r["turn"], "prompt": len(prompt),
                     "ttft_s": ttft, "wall_s": wall, "cached": cached, "tokens": answer})
-    pathlib.Path(args.out).write_text(json.dumps({"requests": out}))
+    result = {"requests": out}
+    if cfg == "ucm" and args.throughput_rounds > 0:
+        result["throughput"] = throughput(llm, args.throughput_rounds)
+    pathlib.Path(args.out).write_text(json.dumps(result))
+
+
+def throughput(llm, rounds: int) -> dict:
+    """Prefill throughput with UCM's chunk stops over without, in the same
+    engine: each round prefills distinct prompts (`THROUGHPUT` tokens,
+    never seen before, one token generated) once with the stops and once
+    without, in alternating order; the stops are switched off by clearing
+    the scheduler's hook (`ucm.vllm_scheduler`), so the connector, its
+    saves and the engine are the same. Returns the per-round ratios
+    (tokens/s with over without) and their median."""
+    from vllm import SamplingParams
+
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    stops = sched._ucm_stops
+    sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    ratios = []
+    try:
+        for k in range(rounds):
+            rate = {}
+            for on in (True, False) if k % 2 == 0 else (False, True):
+                sched._ucm_stops = stops if on else None
+                prompts = [seq(7000 + 100 * k + 10 * on + i, n) for i, n in enumerate(THROUGHPUT)]
+                t0 = time.perf_counter()
+                for p in prompts:
+                    llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)
+                rate[on] = sum(THROUGHPUT) / (time.perf_counter() - t0)
+            ratios.append(rate[True] / rate[False])
+    finally:
+        sched._ucm_stops = stops
+    return {"ratios": [round(r, 4) for r in ratios], "median": round(statistics.median(ratios), 4)}
 
 
 def pct(v: list[float], q: float) -> float:
@@ -220,7 +270,8 @@ def all_configs(args) -> int:
         out = work / f"{cfg}.json"
         cmd = [sys.executable, __file__, "run", "--config", cfg, "--work", str(work), "--out", str(out),
                "--sessions", str(args.sessions), "--turns", str(args.turns),
-               "--docs", str(args.docs), "--questions", str(args.questions)]
+               "--docs", str(args.docs), "--questions", str(args.questions),
+               "--throughput-rounds", str(args.throughput_rounds)]
         t = time.time()
         with open(work / f"{cfg}.log", "w") as fh:
             rc = subprocess.call(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=args.timeout)
@@ -279,6 +330,15 @@ def all_configs(args) -> int:
         goals.append(f"ucm: later turns' TTFT p50 {p50['ucm']} ms is not 40% below no-cache's {p50['none']} ms")
     if p50["ucm"] and p50["vllm"] and p50["ucm"] >= p50["vllm"]:
         goals.append(f"ucm: later turns' TTFT p50 {p50['ucm']} ms is not below vLLM's prefix caching's {p50['vllm']} ms")
+    tp = results["ucm"].get("throughput")
+    if tp:
+        report["throughput_with_stops_over_without"] = tp
+        lines.append(
+            f"{'ucm':12} prefill throughput with chunk stops / without: median {tp['median']:.3f} "
+            f"[{min(tp['ratios']):.3f}-{max(tp['ratios']):.3f}] over {len(tp['ratios'])} rounds"
+        )
+        if tp["median"] < 0.95:
+            goals.append(f"ucm: prefill throughput with chunk stops is {tp['median']:.3f} of without (goal 0.95)")
     report["goals_not_met"] = goals
     print("\n".join(lines))
     for g in goals:
@@ -304,6 +364,8 @@ def main() -> int:
     p.add_argument("--docs", type=int, default=3)
     p.add_argument("--questions", type=int, default=3)
     p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--throughput-rounds", type=int, default=5,
+                   help="paired rounds of the chunk stops' throughput check (0: none)")
     p.add_argument("--require-goals", action="store_true",
                    help="fail when a goal is not met (by default they are reported)")
     args = p.parse_args()

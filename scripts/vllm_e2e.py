@@ -8,9 +8,14 @@ Each engine runs in its own process (`run`); `all` compares them:
 
 * per model (a dense Llama, a NemotronH-style Mamba2 + attention hybrid):
   1. `baseline`: no connector;
-  2. `ucm` on a fresh store: the same prompts one after the other, so later
+  2. `ucm` on a fresh store (with `ucm.vllm_scheduler.UcmScheduler`, as the
+     README configures it): the same prompts one after the other, so later
      prompts hit what earlier ones stored; greedy tokens **and** logprobs
-     equal the baseline's bit for bit, and the connector reports hits;
+     equal the baseline's bit for bit, and the connector reports hits; two
+     plain prompts that share 1,500 tokens and then diverge: the second is
+     served up to the last planned checkpoint before the divergence, with
+     the baseline's output (for the hybrid, also with vLLM's own scheduler,
+     which must serve it nothing: the hit comes from the chunk stops);
   3. `ucm` again, a second engine process on the same store (warm
      restart): every shared prefix hits from the first request on;
      then cache identity: a checkpoint with other config bytes under the
@@ -155,7 +160,12 @@ def run(args) -> None:
     (model_dir / "config.json").write_text(json.dumps(config))
     kw = {}
     if args.mode != "baseline":
-        extra = {"dir": str(pathlib.Path(args.dir) / "store" / args.model), "model_id": args.model}
+        # The run with vLLM's own scheduler has a store of its own.
+        store = "store-vllm-scheduler" if args.vllm_scheduler else "store"
+        extra = {"dir": str(pathlib.Path(args.dir) / store / args.model), "model_id": args.model}
+        if not args.vllm_scheduler:
+            # As the README configures it.
+            kw["scheduler_cls"] = "ucm.vllm_scheduler.UcmScheduler"
         connector, module = "UcmConnector", "ucm.vllm_connector"
         if args.mode in ("garble_loads", "garble_states"):
             # The negative controls: a test-only subclass beside this
@@ -229,6 +239,13 @@ def run(args) -> None:
             llm.generate([{"prompt_token_ids": follow}], sp, use_tqdm=False)
             decode_hit = hit_tokens(vc.metrics_text()) - before
         metrics = vc.metrics_text()
+    plain = None
+    if not args.restarted:
+        plain = plain_shared_served(
+            llm, sp, None if args.mode == "baseline" else vc.metrics_text, wait=False
+        )
+        if args.mode != "baseline":
+            metrics = vc.metrics_text()
     pathlib.Path(args.out).write_text(
         json.dumps(
             {
@@ -238,6 +255,7 @@ def run(args) -> None:
                 "metrics": metrics,
                 "decode_hit": decode_hit,
                 "first_served": first_served,
+                "plain": plain,
             }
         )
     )
@@ -285,6 +303,8 @@ def all_checks(args) -> int:
         cmd = [sys.executable, __file__, "run", "--model", model, "--mode", mode]
         if tag in ("warm", "changed", "again", "corrupt", "garble", "garble_st"):
             cmd.append("--restarted")
+        if tag == "vllm_sched":
+            cmd.append("--vllm-scheduler")
         if marker:
             cmd += ["--config-marker", marker]
         cmd += ["--dir", str(work), "--out", str(out)]
@@ -332,12 +352,31 @@ def all_checks(args) -> int:
         check(len(info) >= 1 and "INFO" in info[0],
               f"{model}: README snippet: an INFO line names the request served from cache "
               f"({info[0].strip() if info else 'none'})")
+        hybrid = "hybrid_override_pattern" in MODELS[model]
+        # Two plain prompts that share SHARED tokens: the second resumes at
+        # the last planned point before the divergence. A dense model has no
+        # states: every whole block is served. The hybrid's states are kept
+        # at speculative points spaced by D71's byte rule (here 2 blocks).
+        grid = r["block"] * (2 if hybrid else 1)
+        want = SHARED // grid * grid
+        check(r["shared"] >= want,
+              f"{model}: README snippet, default scheduler settings: a plain prompt sharing "
+              f"{SHARED} tokens with an earlier one is served {r['shared']} tokens (at least {want})")
         base = engine(model, "baseline", "baseline")
         toks = {tuple(r["tokens"]) for r in base["results"]}
         check(len(toks) > 1 or len(set(base["results"][0]["tokens"])) > 1,
               f"{model}: the baseline's outputs vary")
         cold = engine(model, "ucm", "cold")
         check(same(base, cold), f"{model}: outputs through UCM equal the baseline, bit for bit")
+        check(cold["plain"]["served"] >= want and cold["plain"]["second"] == base["plain"]["second"],
+              f"{model}: the plain prompt sharing {SHARED} tokens is served {cold['plain']['served']} "
+              f"tokens, and its output equals the baseline's")
+        if hybrid:
+            own = engine(model, "ucm", "vllm_sched")
+            check(same(base, own), f"{model}: UCM with vLLM's own scheduler: outputs equal the baseline")
+            check(own["plain"]["served"] == 0,
+                  f"{model}: with vLLM's own scheduler the same plain prompt is served nothing "
+                  f"({own['plain']['served']} tokens): the hit comes from UCM's chunk stops")
         hits = metric(cold["metrics"], "ucm_lookup_hits_total")
         check(hits >= 3, f"{model}: later prompts hit what earlier ones stored ({hits:.0f} hits)")
         check(metric(cold["metrics"], "ucm_failed_loads_total") == 0, f"{model}: no failed loads")
@@ -474,9 +513,37 @@ def readme(args) -> None:
     llm.generate([{"prompt_token_ids": seq(13, 40)}], sp, use_tqdm=False)
     time.sleep(0.5)
     metrics = vc.metrics_text(os.environ["UCM_DIR"])
+    shared = plain_shared_served(llm, sp, lambda: vc.metrics_text(os.environ["UCM_DIR"]), wait=True)
     pathlib.Path(args.out).write_text(
-        json.dumps({"metrics": metrics, "turn2": len(turn2)})
+        json.dumps({"metrics": metrics, "turn2": len(turn2), "block": block, "shared": shared["served"]})
     )
+
+
+#: Two plain prompts share this many tokens and then diverge (issue 35).
+SHARED = 1500
+
+
+def plain_shared_served(llm, sp, metrics, wait: bool) -> dict:
+    """Sends two prompts that share `SHARED` tokens and then diverge, cut to
+    no grid: `{"served": tokens the second was served, or None without
+    `metrics`, "second": its output}`. `metrics()` returns the connector's
+    Prometheus text; with `wait`, the engine runs in its own process and
+    publishes its metrics at most once a second."""
+    shared = seq(21, SHARED)
+    llm.generate([{"prompt_token_ids": shared + seq(22, 100)}], sp, use_tqdm=False)
+    if wait:
+        time.sleep(3)
+    before = hit_tokens(metrics()) if metrics else 0
+    out = llm.generate([{"prompt_token_ids": shared + seq(23, 120)}], sp, use_tqdm=False)
+    out = out[0].outputs[0]
+    second = {"tokens": list(out.token_ids)}
+    if out.logprobs:
+        second["logprobs"] = [{str(t): lp.logprob for t, lp in step.items()} for step in out.logprobs]
+    if wait:
+        time.sleep(1.5)
+        llm.generate([{"prompt_token_ids": seq(24, 40)}], sp, use_tqdm=False)
+        time.sleep(0.5)
+    return {"served": hit_tokens(metrics()) - before if metrics else None, "second": second}
 
 
 def main() -> int:
@@ -490,6 +557,8 @@ def main() -> int:
     r.add_argument("--dir", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--restarted", action="store_true")
+    r.add_argument("--vllm-scheduler", action="store_true",
+                   help="vLLM's own scheduler instead of ucm.vllm_scheduler.UcmScheduler")
     r.add_argument("--config-marker", default="")
     rd = sub.add_parser("readme")
     rd.add_argument("--model", choices=sorted(MODELS), required=True)

@@ -43,9 +43,12 @@ process (its default): that process publishes them to
 
 Blocks completed by decoding are saved like prompt blocks (a chat's next
 turn re-sends the answer), and so are states where a step ends on the
-checkpoint grid. Limits of this version: a preempted request is not
-re-planned, and a recurrent state exists only where a step ends (vLLM
-prefills a prompt in one chunk).
+checkpoint grid. A recurrent state exists only where a step ends, and
+vLLM prefills a prompt in one step: with ``scheduler_cls=
+"ucm.vllm_scheduler.UcmScheduler"`` the steps also end where retention
+plans a checkpoint (``chunk_stops``), so a later prompt that shares a
+prefix and diverges resumes at the last planned point before it. Limit of
+this version: a preempted request is not re-planned.
 """
 
 from __future__ import annotations
@@ -298,13 +301,14 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             int(num_computed_tokens),
             cache_salt=getattr(request, "cache_salt", None),
         )
+        stops = self._sched.checkpoint_positions(request.request_id)
         logger.debug(
             "ucm: request %s: %d tokens, %d computed, %d served, checkpoints at %s",
             request.request_id,
             len(tokens),
             num_computed_tokens,
             n,
-            self._sched.checkpoint_positions(request.request_id),
+            stops,
         )
         if n == 0 and num_computed_tokens == 0 and not self._identity_noted:
             # Once: a miss may be another deployment's data (another
@@ -331,8 +335,17 @@ class UcmConnector(KVConnectorBase_V1, SupportsHMA):
             "n": len(tokens),
             "have": int(num_computed_tokens),
             "hit": int(n),
+            "stops": stops,
         }
         return int(n), bool(self._async and n > 0)
+
+    def chunk_stops(self, req_id: str) -> list[int]:
+        """Prompt positions, ascending, where a prefill chunk of `req_id`
+        should end so that its recurrent states can be kept there
+        (retention's plan; read by ``ucm.vllm_scheduler``). Empty for a
+        request the connector has not seen."""
+        st = self._reqs.get(req_id)
+        return st["stops"] if st is not None else []
 
     def _placement(self, ids) -> tuple[dict[int, list[int]], dict[int, int]]:
         chain: dict[int, list[int]] = {}
