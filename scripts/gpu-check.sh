@@ -16,7 +16,7 @@
 #
 # It runs the CUDA tests and the Python tests with UCM_REQUIRE_GPU=1 (they
 # fail, never skip, without a usable GPU), `ucm bench store --device cuda`
-# (below), and
+# and `ucm bench layerwise --device cuda` (below), and
 # `ucm bench device --device cuda --json`:
 #   h2d_pinned / d2h_pinned   against a raw cuMemcpy*Async loop (goal >= 0.9)
 #   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.9),
@@ -61,4 +61,9 @@ store_dir=$(mktemp -d /dev/shm/ucm-gpu-check.XXXXXX)
 trap 'rm -rf "$store_dir"' EXIT
 timeout 300 "$BIN_DIR/ucm" bench store --device cuda --json --dir "$store_dir" \
     --shard-sizes 16K,64K,2M --size 1G --reps 3 --no-fio | tee "$OUT/bench-store.jsonl"
+echo "== ucm bench layerwise --device cuda (32 layers x 64 blocks of 64 KiB into GPU memory)"
+# The adapter's layer-by-layer loads into GPU memory behind a simulated
+# per-layer compute; each layer's first load checked byte for byte.
+timeout 120 "$BIN_DIR/ucm" bench layerwise --device cuda --json --dir "$store_dir" \
+    --reps 3 | tee "$OUT/bench-layerwise.jsonl"
 echo "== done: record the figures in docs/gpu.md with the date and GPU model"

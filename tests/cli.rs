@@ -260,6 +260,46 @@ fn bench_store_runs_on_the_cuda_double() {
     assert!(err.contains("batched copies: kernel"), "{err}");
 }
 
+/// `bench layerwise --device cuda` through the libcuda double: the KV
+/// regions in device memory, every ratio reported, and the first load of
+/// each layer checked byte for byte against what it stored (the run fails
+/// on a wrong byte).
+#[cfg(feature = "cuda")]
+#[test]
+fn bench_layerwise_runs_on_the_cuda_double() {
+    let double = ucm::device::accel::cuda::double_path().expect("the CUDA double was built");
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        ucm()
+            .args(["bench", "layerwise", "--json", "--device", "cuda"])
+            .args([
+                "--units", "4", "--blocks", "8", "--reps", "1", "--ratios", "1,2",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .env("UCM_CUDA_LIB", &double),
+    );
+    let recs = json_lines(&out);
+    assert_eq!(recs.len(), 2);
+    for r in &recs {
+        assert!(r["io_per_unit_ms"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("batched copies: kernel"), "{err}");
+}
+
+#[test]
+fn bench_layerwise_refuses_a_device_it_cannot_run_on() {
+    run_err(
+        ucm().args(["bench", "layerwise", "--reps", "1", "--device", "npu"]),
+        "the layerwise bench runs on host",
+    );
+    run_err(
+        ucm().args(["bench", "layerwise", "--reps", "1", "--device", "tpu"]),
+        "--device",
+    );
+}
+
 #[test]
 fn bench_store_refuses_a_device_it_cannot_run_on() {
     for (args, want) in [

@@ -1,5 +1,7 @@
 //! `ucm bench layerwise`: how much of the load I/O the adapter hides
-//! behind per-unit compute, on the host device.
+//! behind per-unit compute, on the host device ([`run`]) or any other
+//! ([`run_on`]: the engine's KV regions in that device's memory, the pool
+//! registered with it; `ucm bench layerwise --device cuda`).
 //!
 //! A one-group model of `units` layers is stored once (one request of
 //! `blocks` blocks per layer). Each measurement reopens the stores (empty
@@ -119,10 +121,10 @@ pub enum LayerwiseError {
     Other(String),
 }
 
-struct Model {
+struct Model<D: Device> {
     spec: Arc<SpecTable>,
     units: Arc<UnitMap>,
-    dev: Arc<HostDevice>,
+    dev: Arc<D>,
     tokens: Arc<Vec<u32>>,
     /// Each layer's KV region, allocated and touched once, as an engine
     /// allocates its KV cache at start-up: a region allocated per round
@@ -130,11 +132,11 @@ struct Model {
     layers: Vec<ucm_device::Memory>,
 }
 
-fn open(
-    m: &Model,
+fn open<D: Device>(
+    m: &Model<D>,
     dir: &Path,
     cfg: &LayerwiseConfig,
-) -> Result<(Arc<StoreSet<HostDevice>>, Arc<CheckpointDirectory>), LayerwiseError> {
+) -> Result<(Arc<StoreSet<D>>, Arc<CheckpointDirectory>), LayerwiseError> {
     let stores = StoreSet::open(
         &m.spec,
         &m.units,
@@ -151,8 +153,8 @@ fn open(
 
 /// Drives one request through one step; returns (wall time, time spent
 /// in the simulated compute, matched).
-fn drive(
-    m: &Model,
+fn drive<D: Device>(
+    m: &Model<D>,
     dir: &Path,
     cfg: &LayerwiseConfig,
     id: &str,
@@ -237,8 +239,20 @@ fn drive(
     Ok((wall, computed, matched))
 }
 
-/// Runs the bench.
+/// Runs the bench on the host device.
 pub fn run(
+    cfg: &LayerwiseConfig,
+    progress: impl FnMut(&str),
+) -> Result<Vec<LayerwiseRecord>, LayerwiseError> {
+    run_on(Arc::new(HostDevice::new()), cfg, progress)
+}
+
+/// Runs the bench with the engine's KV regions in `dev`'s memory: the
+/// loads go from the pool (registered with `dev`) into device memory, the
+/// saves out of it. The per-unit compute stays a host sleep, standing for
+/// an accelerator's compute, which does not take the host's cores.
+pub fn run_on<D: Device>(
+    dev: Arc<D>,
     cfg: &LayerwiseConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<LayerwiseRecord>, LayerwiseError> {
@@ -253,7 +267,6 @@ pub fn run(
         cfg.bytes_per_token
     );
     let spec = Arc::new(SpecTable::from_toml(&toml)?);
-    let dev = Arc::new(HostDevice::new());
     let layer_bytes = usize::try_from(cfg.bytes_per_token)
         .ok()
         .and_then(|b| b.checked_mul(16 * (cfg.blocks + 1)))
@@ -288,9 +301,19 @@ pub fn run(
             cfg.blocks,
             (cfg.bytes_per_token * 16) >> 10
         ));
+        // Each layer stores its own pattern; the regions are cleared
+        // before the loads, and the first load must bring every byte back.
+        let stored = layer_bytes - 16 * cfg.bytes_per_token as usize;
+        for (l, mem) in m.layers.iter().enumerate() {
+            let p = ucm_device::conformance::pattern(l as u64 + 1, stored);
+            ucm_device::conformance::upload(&*m.dev, mem, 0, &p)?;
+        }
         let (_, _, matched) = drive(&m, &dir, cfg, "store", Duration::ZERO)?;
         if matched != 0 {
             return Err(LayerwiseError::Other("the store was not empty".into()));
+        }
+        for mem in &m.layers {
+            ucm_device::conformance::upload(&*m.dev, mem, 0, &vec![0u8; stored])?;
         }
         let io: Vec<f64> = (0..cfg.reps)
             .map(|i| {
@@ -299,6 +322,9 @@ pub fn run(
                     return Err(LayerwiseError::Other(
                         "the stored request did not hit".into(),
                     ));
+                }
+                if i == 0 {
+                    check_layers(&m, stored)?;
                 }
                 Ok(wall.as_secs_f64() * 1e3 / f64::from(cfg.units))
             })
@@ -353,6 +379,20 @@ pub fn run(
     })();
     drop(scratch);
     result
+}
+
+/// Every layer's region holds the pattern it stored, byte for byte.
+fn check_layers<D: Device>(m: &Model<D>, stored: usize) -> Result<(), LayerwiseError> {
+    for (l, mem) in m.layers.iter().enumerate() {
+        let got = ucm_device::conformance::download(&*m.dev, mem, 0, stored)?;
+        let want = ucm_device::conformance::pattern(l as u64 + 1, stored);
+        if let Some(at) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            return Err(LayerwiseError::Other(format!(
+                "layer {l}: the loaded bytes differ from the stored ones at byte {at}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

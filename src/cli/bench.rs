@@ -56,6 +56,11 @@ pub(crate) struct LayerwiseArgs {
     /// The stores' I/O engine.
     #[arg(long, default_value = "auto")]
     engine: IoEngineKind,
+    /// Where the engine's KV regions live: `host` or `cuda[:N]` (a build
+    /// with the `cuda` feature: the loads go from the pool into GPU
+    /// memory; the per-layer compute stays a host sleep).
+    #[arg(long, default_value = "host")]
+    device: String,
 }
 
 #[derive(Args)]
@@ -420,7 +425,18 @@ pub(crate) fn bench_layerwise(a: LayerwiseArgs) -> Result<(), String> {
         lookahead: a.lookahead,
         engine: a.engine,
     };
-    let records = lw::run(&cfg, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    let progress = |l: &str| eprintln!("{l}");
+    let spec: ucm::device::DeviceSpec = a.device.parse().map_err(|e| format!("--device: {e}"))?;
+    let records = match spec {
+        ucm::device::DeviceSpec::Host => lw::run(&cfg, progress),
+        #[cfg(feature = "cuda")]
+        ucm::device::DeviceSpec::Cuda(i) => {
+            let dev = cuda_for_bench(i)?;
+            lw::run_on(dev, &cfg, progress)
+        }
+        other => return Err(host_or_cuda("layerwise", &other)),
+    }
+    .map_err(|e| e.to_string())?;
     if !a.json {
         if let Some(l) = records.first().and_then(|r| r.load_average) {
             println!(
@@ -505,16 +521,7 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
         }
         #[cfg(feature = "cuda")]
         ucm::device::DeviceSpec::Cuda(i) => store_on_cuda(i, &cfg, progress)?,
-        other => {
-            return Err(format!(
-                "--device {other}: the store bench runs on host{}",
-                if cfg!(feature = "cuda") {
-                    " and cuda"
-                } else {
-                    " (cuda needs a build with the `cuda` feature)"
-                }
-            ))
-        }
+        other => return Err(host_or_cuda("store", &other)),
     };
     if !a.json {
         if let Some(l) = records.first().and_then(|r| r.load_average) {
@@ -551,6 +558,37 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The refusal of a bench that runs on the host and, with the `cuda`
+/// feature, on a GPU.
+fn host_or_cuda(bench: &str, other: &ucm::device::DeviceSpec) -> String {
+    format!(
+        "--device {other}: the {bench} bench runs on host{}",
+        if cfg!(feature = "cuda") {
+            " and cuda"
+        } else {
+            " (cuda needs a build with the `cuda` feature)"
+        }
+    )
+}
+
+/// GPU `ordinal` for a bench, saying when libcuda is UCM's test double and
+/// which path batched copies take.
+#[cfg(feature = "cuda")]
+fn cuda_for_bench(
+    ordinal: u32,
+) -> Result<std::sync::Arc<ucm::device::accel::cuda::CudaDevice>, String> {
+    use ucm::device::accel::cuda::{self, CudaDevice};
+    if let Some((path, true)) = cuda::preloaded() {
+        eprintln!(
+            "note: libcuda is UCM's host-memory test double ({}): a smoke run, not a GPU",
+            path.display()
+        );
+    }
+    let dev = CudaDevice::new(ordinal as usize).map_err(|e| e.to_string())?;
+    eprintln!("batched copies: {}", dev.copy_path().name());
+    Ok(std::sync::Arc::new(dev))
+}
+
 /// `ucm bench store --device cuda:N`: the data on GPU `ordinal`, the pool
 /// paths against the contiguous copy of the same bytes from one pinned
 /// buffer.
@@ -560,18 +598,10 @@ fn store_on_cuda(
     cfg: &ucm::bench::store::StoreBenchConfig,
     progress: impl FnMut(&str),
 ) -> Result<Vec<ucm::bench::store::StoreBenchRecord>, String> {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
     use ucm::bench::store::StoreBenchError;
-    use ucm::device::accel::cuda::{self, CudaDevice};
     use ucm::device::{Device, Memory};
-    if let Some((path, true)) = cuda::preloaded() {
-        eprintln!(
-            "note: libcuda is UCM's host-memory test double ({}): a smoke run, not a GPU",
-            path.display()
-        );
-    }
-    let dev = Arc::new(CudaDevice::new(ordinal as usize).map_err(|e| e.to_string())?);
-    eprintln!("batched copies: {}", dev.copy_path().name());
+    let dev = cuda_for_bench(ordinal)?;
     let staging: Mutex<Option<Memory>> = Mutex::new(None);
     let limit = |dst: &Memory, _src: &Memory, n: usize| -> Result<f64, StoreBenchError> {
         let mut g = staging.lock().unwrap_or_else(|e| e.into_inner());
