@@ -16,7 +16,8 @@
 #
 # It runs the CUDA tests and the Python tests with UCM_REQUIRE_GPU=1 (they
 # fail, never skip, without a usable GPU), `ucm bench store --device cuda`
-# and `ucm bench layerwise --device cuda` (below), and
+# and `ucm bench layerwise --device cuda`, `ucm replay --device cuda`
+# (below), and
 # `ucm bench device --device cuda --json`:
 #   h2d_pinned / d2h_pinned   against a raw cuMemcpy*Async loop (goal >= 0.9)
 #   scatter_64k               64 KiB runs against one contiguous copy (goal >= 0.9),
@@ -66,4 +67,9 @@ echo "== ucm bench layerwise --device cuda (32 layers x 64 blocks of 64 KiB into
 # per-layer compute; each layer's first load checked byte for byte.
 timeout 120 "$BIN_DIR/ucm" bench layerwise --device cuda --json --dir "$store_dir" \
     --reps 3 | tee "$OUT/bench-layerwise.jsonl"
+echo "== ucm replay --device cuda (the chat workload, KV caches and states in GPU memory)"
+# Every loaded byte checked by the content oracle in GPU memory; exits
+# non-zero on a wrong hit.
+timeout 120 "$BIN_DIR/ucm" replay --device cuda --runs 1 --dir "$store_dir" \
+    2>&1 | tr '\r' '\n' | grep -v '^\(ucm\|fold\) *\[' | tee "$OUT/replay.txt"
 echo "== done: record the figures in docs/gpu.md with the date and GPU model"

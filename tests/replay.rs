@@ -285,3 +285,70 @@ fn injected_faults_fail_loads_and_spare_the_restart() {
         "{u}"
     );
 }
+
+/// `replay --device cuda` through the libcuda double: the simulated
+/// engine's KV caches and states in device memory, the pool registered
+/// with the device; the content oracle checks every byte there, so a
+/// flipped loaded byte still fails the run.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_replay_runs_on_the_cuda_double_and_its_oracle_still_fails_there() {
+    let double = ucm::device::accel::cuda::double_path().expect("the CUDA double was built");
+    let run = |extra: &[&str]| {
+        let dir = tempfile::tempdir().unwrap();
+        ucm()
+            .args(["replay", "--device", "cuda", "--runs", "1"])
+            .args(["--sessions", "2", "--turns", "2", "--modes", "ucm"])
+            .args(extra)
+            .arg("--dir")
+            .arg(dir.path())
+            .env("UCM_CUDA_LIB", &double)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("batched copies: kernel"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ucm = &v["modes"]["ucm"];
+    assert_eq!(ucm["wrong_hits"], 0, "{ucm}");
+    assert!(ucm["cached_tokens"].as_u64().unwrap() > 0, "{ucm}");
+    let out = run(&["--sabotage"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("wrong hit"), "{err}");
+}
+
+#[test]
+fn the_replay_refuses_a_device_it_cannot_run_on() {
+    for (args, want) in [
+        (vec!["--device", "npu"], "the replay runs on host"),
+        (vec!["--device", "tpu"], "--device"),
+        (
+            vec!["--device", "cuda", "--instances", "2"],
+            "--instances runs on the host device only",
+        ),
+        (
+            vec![
+                "--device",
+                "cuda",
+                "--trace",
+                "tests/data/mooncake/synthetic_trace.jsonl",
+            ],
+            "--device apply to workload replays",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = ucm()
+            .args(["replay", "--runs", "1", "--sessions", "1", "--turns", "1"])
+            .args(&args)
+            .arg("--dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

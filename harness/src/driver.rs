@@ -30,7 +30,7 @@ use ucm_coordinator::adapter::{
 };
 use ucm_coordinator::hash::checkpoint_hash;
 use ucm_coordinator::{CheckpointDirectory, CoordError, Deployment, Kind, RequestKeys, SpecTable};
-use ucm_device::{DeviceError, HostDevice};
+use ucm_device::{Device, DeviceError, HostDevice};
 use ucm_store::Failure;
 
 use crate::alloc::BlockAllocator;
@@ -329,51 +329,60 @@ pub struct StepTiming {
 }
 
 /// One worker of the engine: a TP rank of a pipeline stage.
-pub struct RankEngine {
+pub struct RankEngine<D: Device = HostDevice> {
     /// The adapter's worker.
-    pub worker: Worker<HostDevice>,
+    pub worker: Worker<D>,
     /// Its engine memory.
     pub layout: Layout,
     /// Its rank.
     pub rank: u32,
     /// Its stage's layers.
     pub stage: Range<u32>,
-    io: EngineIo,
+    io: EngineIo<D>,
 }
 
 /// Shared, read-only facts the rank threads use.
-struct Ctx<'a> {
-    dev: &'a HostDevice,
+struct Ctx<'a, D: Device> {
+    dev: &'a D,
     spec: &'a SpecTable,
     full: &'a SpecTable,
     units: &'a UnitMap,
-    stores: &'a StoreSet<HostDevice>,
+    stores: &'a StoreSet<D>,
     repeat: usize,
 }
 
-/// The simulated engine.
-pub struct Engine {
+/// The simulated engine, its tensors in device `D`'s memory (the host's
+/// by default).
+pub struct Engine<D: Device = HostDevice> {
     cfg: EngineConfig,
-    dev: Arc<HostDevice>,
+    dev: Arc<D>,
     units: Arc<UnitMap>,
-    stores: Arc<StoreSet<HostDevice>>,
+    stores: Arc<StoreSet<D>>,
     directory: Arc<CheckpointDirectory>,
-    sched: Scheduler<StoreSet<HostDevice>>,
-    ranks: Vec<RankEngine>,
+    sched: Scheduler<StoreSet<D>>,
+    ranks: Vec<RankEngine<D>>,
     alloc: BlockAllocator,
     flipped: bool,
 }
 
-impl Engine {
-    /// Opens the stores under `cfg.dir` and sets up every rank and stage.
-    /// A directory that already holds stores is a warm restart: the
-    /// checkpoint directory is rebuilt from them.
+impl Engine<HostDevice> {
+    /// Opens the stores under `cfg.dir` and sets up every rank and stage
+    /// on the host device. A directory that already holds stores is a warm
+    /// restart: the checkpoint directory is rebuilt from them.
     pub fn open(cfg: EngineConfig) -> Result<Engine> {
+        Engine::open_on(cfg, Arc::new(HostDevice::new()))
+    }
+}
+
+impl<D: Device> Engine<D> {
+    /// [`Engine::open`] with the engine's tensors in `dev`'s memory (a
+    /// GPU's, say): the stores' pool is registered with `dev`, and every
+    /// poison, check and compute goes through its copies.
+    pub fn open_on(cfg: EngineConfig, dev: Arc<D>) -> Result<Engine<D>> {
         if cfg.tp == 0 || cfg.pp == 0 || cfg.repeat == 0 || cfg.chunk == 0 {
             return Err(HarnessError::NotPositive);
         }
         let spec = Arc::clone(&cfg.spec);
-        let dev = Arc::new(HostDevice::new());
         let units = Arc::new(UnitMap::new(&spec));
         let stores = Arc::new(StoreSet::open(
             &spec,
@@ -425,9 +434,9 @@ impl Engine {
                     worker_config,
                 )?;
                 let layout = Layout::new(
-                    &dev,
+                    &*dev,
                     &spec,
-                    &stores,
+                    &*stores,
                     worker.stage_units(),
                     alloc.block_counts(),
                     alloc.slot_counts(),
@@ -438,7 +447,7 @@ impl Engine {
                     layout,
                     rank,
                     stage: stage.clone(),
-                    io: EngineIo::new(&dev)?,
+                    io: EngineIo::new(&*dev)?,
                 });
             }
         }
@@ -461,7 +470,7 @@ impl Engine {
     pub fn restart(&mut self) -> Result<()> {
         // Every save has ended (the last request waited for them), so the
         // old instance is idle while the new one opens.
-        let mut fresh = Engine::open(self.cfg.clone())?;
+        let mut fresh = Engine::open_on(self.cfg.clone(), Arc::clone(&self.dev))?;
         fresh.flipped = self.flipped;
         *self = fresh;
         Ok(())
@@ -473,7 +482,7 @@ impl Engine {
     }
 
     /// The stores.
-    pub fn stores(&self) -> &Arc<StoreSet<HostDevice>> {
+    pub fn stores(&self) -> &Arc<StoreSet<D>> {
         &self.stores
     }
 
@@ -483,17 +492,17 @@ impl Engine {
     }
 
     /// The scheduler side.
-    pub fn scheduler(&mut self) -> &mut Scheduler<StoreSet<HostDevice>> {
+    pub fn scheduler(&mut self) -> &mut Scheduler<StoreSet<D>> {
         &mut self.sched
     }
 
     /// The workers, stage-major then by rank.
-    pub fn ranks(&mut self) -> &mut [RankEngine] {
+    pub fn ranks(&mut self) -> &mut [RankEngine<D>] {
         &mut self.ranks
     }
 
-    /// The host device.
-    pub fn device(&self) -> &Arc<HostDevice> {
+    /// The device the engine's tensors are in.
+    pub fn device(&self) -> &Arc<D> {
         &self.dev
     }
 
@@ -532,7 +541,7 @@ impl Engine {
             }
         })?;
         for rk in &mut self.ranks {
-            poison_allocation(&self.dev, &self.cfg.spec, rk, &alloc)?;
+            poison_allocation(&*self.dev, &self.cfg.spec, rk, &alloc)?;
         }
         self.sched
             .update_state_after_alloc(&req.id, alloc.clone(), matched)?;
@@ -678,15 +687,15 @@ impl Engine {
     ) -> Result<Vec<RankStep>> {
         let full = self.cfg.full.as_deref().unwrap_or(&self.cfg.spec);
         let ctx = Ctx {
-            dev: &self.dev,
+            dev: &*self.dev,
             spec: &self.cfg.spec,
             full,
             units: &self.units,
-            stores: &self.stores,
+            stores: &*self.stores,
             repeat: self.cfg.repeat,
         };
         let mut flip_left = flip;
-        let jobs: Vec<(&mut RankEngine, bool, bool)> = self
+        let jobs: Vec<(&mut RankEngine<D>, bool, bool)> = self
             .ranks
             .iter_mut()
             .map(|rk| {
@@ -823,10 +832,10 @@ impl Engine {
 }
 
 /// Poisons every engine block and state slot of `alloc` in `rk`'s tensors.
-fn poison_allocation(
-    dev: &HostDevice,
+fn poison_allocation<D: Device>(
+    dev: &D,
     spec: &SpecTable,
-    rk: &mut RankEngine,
+    rk: &mut RankEngine<D>,
     alloc: &Allocation,
 ) -> Result<()> {
     let units: Vec<(u32, usize)> = rk
@@ -866,9 +875,9 @@ struct RankStep {
 }
 
 /// One step of one rank, hooks in contract order.
-fn rank_step(
-    ctx: &Ctx<'_>,
-    rk: &mut RankEngine,
+fn rank_step<D: Device>(
+    ctx: &Ctx<'_, D>,
+    rk: &mut RankEngine<D>,
     meta: &Arc<ConnectorMeta>,
     chunk: &Scheduled,
     save: bool,
@@ -921,9 +930,9 @@ fn rank_step(
 /// compute (still poisoned), then "computes" the chunk: the oracle's bytes
 /// of its completed blocks, or of the state at its end.
 #[allow(clippy::too_many_arguments)]
-fn check_and_compute(
-    ctx: &Ctx<'_>,
-    rk: &mut RankEngine,
+fn check_and_compute<D: Device>(
+    ctx: &Ctx<'_, D>,
+    rk: &mut RankEngine<D>,
     r: &ReqMeta,
     chunk: &Scheduled,
     u: &Unit,

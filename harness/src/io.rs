@@ -3,24 +3,24 @@
 //! copy per unit), so that poisoning, checking and "computing" thousands
 //! of blocks per request costs a few copies, not a stream per block.
 
-use ucm_device::{CopyRun, Device, HostDevice, Memory};
+use ucm_device::{CopyRun, Device, Memory};
 
 /// A worker's copy helper.
-pub struct EngineIo {
-    stream: <HostDevice as Device>::Stream,
+pub struct EngineIo<D: Device> {
+    stream: D::Stream,
     staging: Option<Memory>,
 }
 
-impl EngineIo {
+impl<D: Device> EngineIo<D> {
     /// A helper with its own stream.
-    pub fn new(dev: &HostDevice) -> ucm_device::Result<Self> {
+    pub fn new(dev: &D) -> ucm_device::Result<Self> {
         Ok(EngineIo {
             stream: dev.create_stream()?,
             staging: None,
         })
     }
 
-    fn staging(&mut self, dev: &HostDevice, len: usize) -> ucm_device::Result<Memory> {
+    fn staging(&mut self, dev: &D, len: usize) -> ucm_device::Result<Memory> {
         match &self.staging {
             Some(m) if m.len() >= len => Ok(m.clone()),
             _ => {
@@ -34,7 +34,7 @@ impl EngineIo {
     /// Writes `bytes` at each offset of `at` in `mem` (one batch).
     pub fn write_each(
         &mut self,
-        dev: &HostDevice,
+        dev: &D,
         mem: &Memory,
         at: &[usize],
         bytes: impl Fn(usize) -> Vec<u8>,
@@ -59,7 +59,7 @@ impl EngineIo {
     /// Reads `len` bytes at each offset of `at` in `mem` (one batch).
     pub fn read_each(
         &mut self,
-        dev: &HostDevice,
+        dev: &D,
         mem: &Memory,
         at: &[usize],
         len: usize,

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use ucm_coordinator::adapter::{LayerRegistration, StoreSet, Unit};
 use ucm_coordinator::{Kind, SpecTable};
-use ucm_device::{Device, HostDevice, Memory};
+use ucm_device::{Device, Memory};
 
 /// One unit's tensor.
 #[derive(Clone, Debug)]
@@ -42,10 +42,10 @@ impl Layout {
     /// Allocates the tensors of `units` (a stage's units): `blocks[g]`
     /// engine blocks for chain and sidecar group `g`, `slots[g]` state slots
     /// for snapshot group `g`.
-    pub fn new(
-        dev: &HostDevice,
+    pub fn new<D: Device>(
+        dev: &D,
         spec: &SpecTable,
-        stores: &StoreSet<HostDevice>,
+        stores: &StoreSet<D>,
         units: &[Unit],
         blocks: &HashMap<usize, usize>,
         slots: &HashMap<usize, usize>,

@@ -5,6 +5,7 @@ use super::report::FaultKindReport;
 use super::workload::mix;
 use super::{ModeReport, ReplayConfig, Result};
 use ucm_coordinator::{Deployment, Kind, Presence, RequestHashes, SpecTable};
+use ucm_device::Device;
 use ucm_harness::{Engine, Outcome, Request};
 
 /// The kinds of injected faults, taken in turn.
@@ -113,10 +114,10 @@ impl Faults {
     }
 
     /// Maybe injects a fault for request `k`.
-    pub(super) fn before(
+    pub(super) fn before<D: Device>(
         &mut self,
         k: usize,
-        engine: &Engine,
+        engine: &Engine<D>,
         req: &mut Request,
     ) -> Result<Option<Fault>> {
         if let Some(f) = self.pending.take() {
@@ -250,7 +251,7 @@ impl Faults {
 }
 
 /// Blocks of `req`'s prefix that group `group`'s store holds (rank 0's ids).
-fn stored_prefix(engine: &Engine, group: usize, req: &Request) -> Result<usize> {
+fn stored_prefix<D: Device>(engine: &Engine<D>, group: usize, req: &Request) -> Result<usize> {
     let spec = engine.spec();
     let g = &spec.groups()[group];
     let h = RequestHashes::compute(
@@ -271,6 +272,6 @@ fn stored_prefix(engine: &Engine, group: usize, req: &Request) -> Result<usize> 
     })
 }
 
-fn engine_tp(engine: &Engine) -> u32 {
+fn engine_tp<D: Device>(engine: &Engine<D>) -> u32 {
     engine.config().tp
 }

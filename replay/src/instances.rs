@@ -184,7 +184,17 @@ pub fn run_instance(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Insta
     let own = reusable(&mine);
     let dir = store_dir(cfg, &role);
     std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    let report = run_mode(cfg, &ctx, &mine, &reuse, Mode::Ucm, Some(&dir), progress)?;
+    let dev = std::sync::Arc::new(ucm_device::HostDevice::new());
+    let report = run_mode(
+        &dev,
+        cfg,
+        &ctx,
+        &mine,
+        &reuse,
+        Mode::Ucm,
+        Some(&dir),
+        progress,
+    )?;
     let grid = ctx.spec.chain_grid();
     let mut own_reusable_tokens = 0;
     let mut from_other_instances = 0;

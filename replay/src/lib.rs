@@ -53,6 +53,7 @@ use serde::Serialize;
 
 use ucm_coordinator::adapter::StoreSetConfig;
 use ucm_coordinator::{CoordError, RequestKeys, SpecTable};
+use ucm_device::{Device, HostDevice};
 #[cfg(feature = "sabotage")]
 use ucm_harness::Sabotage;
 use ucm_harness::{Engine, EngineConfig, HarnessError, Request};
@@ -357,8 +358,10 @@ struct Ctx {
 /// layer of a GQA model (8 KV heads x 128 x K and V x bf16).
 const COPY_PIECE: usize = 64 << 10;
 
-/// Replays one mode.
-fn run_mode(
+/// Replays one mode, the engine's tensors in `dev`'s memory.
+#[allow(clippy::too_many_arguments)]
+fn run_mode<D: Device>(
+    dev: &Arc<D>,
     cfg: &ReplayConfig,
     ctx: &Ctx,
     reqs: &[WorkRequest],
@@ -407,7 +410,10 @@ fn run_mode(
         .map(|r| r.tokens.len() + r.output.len())
         .max()
         .unwrap_or(0);
-    let mut engine = Engine::open(engine_config(cfg, ctx, &dir, mode, max_tokens)?)?;
+    let mut engine = Engine::open_on(
+        engine_config(cfg, ctx, &dir, mode, max_tokens)?,
+        Arc::clone(dev),
+    )?;
     let mut faults = Faults::new(cfg, &ctx.spec);
     let (mut sum_l, mut sum_p, mut reusable_total) = (0u64, 0u64, 0u64);
     let (mut tier_pool, mut tier_disk) = (0u64, 0u64);
@@ -526,19 +532,30 @@ fn run_mode(
     Ok(rep)
 }
 
-/// Runs the replay: every mode on the same workload.
+/// Runs the replay: every mode on the same workload, on the host device.
 pub fn run(cfg: &ReplayConfig, progress: &dyn Fn(&str)) -> Result<Report> {
+    run_on(&Arc::new(HostDevice::new()), cfg, progress)
+}
+
+/// [`run`] with the simulated engine's KV caches and states in `dev`'s
+/// memory (a GPU's, say): the stores' pool is registered with `dev`, loads
+/// and saves cross to it, and the content oracle checks every byte there.
+pub fn run_on<D: Device>(
+    dev: &Arc<D>,
+    cfg: &ReplayConfig,
+    progress: &dyn Fn(&str),
+) -> Result<Report> {
     let ctx = prepare(cfg)?;
     let reqs = workload(cfg);
     let reuse = reusable(&reqs);
     let mut modes = std::collections::BTreeMap::new();
     for &m in &cfg.modes {
-        let mut r = run_mode(cfg, &ctx, &reqs, &reuse, m, None, progress)?;
+        let mut r = run_mode(dev, cfg, &ctx, &reqs, &reuse, m, None, progress)?;
         // `recompute` measures nothing; every other mode's TTFT rests on a
         // measured load rate, so it runs again for the spread.
         if m != Mode::Recompute {
             for _ in 1..cfg.runs {
-                let again = run_mode(cfg, &ctx, &reqs, &reuse, m, None, progress)?;
+                let again = run_mode(dev, cfg, &ctx, &reqs, &reuse, m, None, progress)?;
                 let differs =
                     again.cached_tokens != r.cached_tokens || again.wrong_hits != r.wrong_hits;
                 // Injected faults fire by timing too; without them a run is

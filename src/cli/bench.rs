@@ -431,10 +431,10 @@ pub(crate) fn bench_layerwise(a: LayerwiseArgs) -> Result<(), String> {
         ucm::device::DeviceSpec::Host => lw::run(&cfg, progress),
         #[cfg(feature = "cuda")]
         ucm::device::DeviceSpec::Cuda(i) => {
-            let dev = cuda_for_bench(i)?;
+            let dev = open_cuda(i)?;
             lw::run_on(dev, &cfg, progress)
         }
-        other => return Err(host_or_cuda("layerwise", &other)),
+        other => return Err(host_or_cuda("the layerwise bench", &other)),
     }
     .map_err(|e| e.to_string())?;
     if !a.json {
@@ -521,7 +521,7 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
         }
         #[cfg(feature = "cuda")]
         ucm::device::DeviceSpec::Cuda(i) => store_on_cuda(i, &cfg, progress)?,
-        other => return Err(host_or_cuda("store", &other)),
+        other => return Err(host_or_cuda("the store bench", &other)),
     };
     if !a.json {
         if let Some(l) = records.first().and_then(|r| r.load_average) {
@@ -558,11 +558,11 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The refusal of a bench that runs on the host and, with the `cuda`
-/// feature, on a GPU.
-fn host_or_cuda(bench: &str, other: &ucm::device::DeviceSpec) -> String {
+/// The refusal of a command (`what`: "the store bench", "the replay")
+/// that runs on the host and, with the `cuda` feature, on a GPU.
+pub(crate) fn host_or_cuda(what: &str, other: &ucm::device::DeviceSpec) -> String {
     format!(
-        "--device {other}: the {bench} bench runs on host{}",
+        "--device {other}: {what} runs on host{}",
         if cfg!(feature = "cuda") {
             " and cuda"
         } else {
@@ -571,10 +571,10 @@ fn host_or_cuda(bench: &str, other: &ucm::device::DeviceSpec) -> String {
     )
 }
 
-/// GPU `ordinal` for a bench, saying when libcuda is UCM's test double and
-/// which path batched copies take.
+/// GPU `ordinal` for a bench or a replay, saying when libcuda is UCM's
+/// test double and which path batched copies take.
 #[cfg(feature = "cuda")]
-fn cuda_for_bench(
+pub(crate) fn open_cuda(
     ordinal: u32,
 ) -> Result<std::sync::Arc<ucm::device::accel::cuda::CudaDevice>, String> {
     use ucm::device::accel::cuda::{self, CudaDevice};
@@ -601,7 +601,7 @@ fn store_on_cuda(
     use std::sync::Mutex;
     use ucm::bench::store::StoreBenchError;
     use ucm::device::{Device, Memory};
-    let dev = cuda_for_bench(ordinal)?;
+    let dev = open_cuda(ordinal)?;
     let staging: Mutex<Option<Memory>> = Mutex::new(None);
     let limit = |dst: &Memory, _src: &Memory, n: usize| -> Result<f64, StoreBenchError> {
         let mut g = staging.lock().unwrap_or_else(|e| e.into_inner());

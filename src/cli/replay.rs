@@ -162,6 +162,12 @@ pub(crate) struct ReplayArgs {
     /// Draw hit rate and TTFT per turn for each mode into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Where the simulated engine's KV caches and states live (workload
+    /// replays): `host`, or `cuda[:N]` (a build with the `cuda` feature:
+    /// GPU memory, the pool registered with the GPU, every byte still
+    /// checked by the content oracle).
+    #[arg(long, default_value = "host")]
+    device: String,
     /// Test only: plant a deliberate bug (default: flip one loaded byte),
     /// to prove the oracle reports it and the run fails.
     #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "flip-byte")]
@@ -190,6 +196,7 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         return Err(format!("--runs {runs} is not between 1 and 100"));
     }
     let modes = parse_modes::<ucm::replay::Mode>(a.modes.as_deref(), "ucm,recompute,fold")?;
+    let device: ucm::device::DeviceSpec = a.device.parse().map_err(|e| format!("--device: {e}"))?;
     let dir = a.dir.unwrap_or_else(default_scratch_parent);
     let cfg = ucm::replay::ReplayConfig {
         spec: a.spec,
@@ -221,6 +228,9 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         return Err("--instances must be at least 1".into());
     }
     if a.instances > 1 {
+        if device != ucm::device::DeviceSpec::Host {
+            return Err("--instances runs on the host device only".into());
+        }
         return replay_instances(&cfg, a.instances, a.json);
     }
     let progress = |l: &str| {
@@ -228,7 +238,15 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         let _ = write!(e, "\r{l}");
         let _ = e.flush();
     };
-    let report = ucm::replay::run(&cfg, &progress).map_err(|e| e.to_string())?;
+    let report = match device {
+        ucm::device::DeviceSpec::Host => ucm::replay::run(&cfg, &progress),
+        #[cfg(feature = "cuda")]
+        ucm::device::DeviceSpec::Cuda(i) => {
+            ucm::replay::run_on(&super::bench::open_cuda(i)?, &cfg, &progress)
+        }
+        other => return Err(super::bench::host_or_cuda("the replay", &other)),
+    }
+    .map_err(|e| e.to_string())?;
     eprintln!();
     if let Some(p) = &a.plot {
         std::fs::write(p, ucm::replay::render_svg(&report))
@@ -417,9 +435,10 @@ pub(crate) fn replay_trace(a: ReplayArgs) -> Result<(), String> {
         || a.no_disk
         || a.sync_mode != SyncMode::Auto
         || a.runs.is_some()
+        || a.device != "host"
     {
         return Err(
-            "--remote, --cold, --no-disk, --sync-mode and --runs apply to workload replays, not to --trace"
+            "--remote, --cold, --no-disk, --sync-mode, --runs and --device apply to workload replays, not to --trace"
                 .into(),
         );
     }
