@@ -323,7 +323,7 @@ fn the_replay_runs_on_the_cuda_double_and_its_oracle_still_fails_there() {
 #[test]
 fn the_replay_refuses_a_device_it_cannot_run_on() {
     for (args, want) in [
-        (vec!["--device", "npu"], "the replay runs on host"),
+        (vec!["--device", "npu"], "ascend is unsupported here"),
         (vec!["--device", "tpu"], "--device"),
         (
             vec!["--device", "cuda", "--instances", "2"],

@@ -23,6 +23,7 @@ pub mod conformance;
 pub mod error;
 pub mod io;
 
+pub use accel::handle::{DeviceHandle, DeviceVisitor};
 pub use accel::host::HostDevice;
 pub use accel::spec::{DeviceNameError, DeviceNameProblem, DeviceSpec};
 pub use accel::{

@@ -24,7 +24,7 @@ use ucm_coordinator::{
     CheckpointDirectory, CheckpointSource, CoordError, Deployment, Group, Presence, RequestKeys,
     SpecTable,
 };
-use ucm_device::{Device, HostDevice};
+use ucm_device::{Device, DeviceHandle, HostDevice};
 
 use crate::error::{ArgProblem, FfiError, Result, Unsupported};
 use crate::metrics::Metrics;
@@ -283,20 +283,25 @@ impl Cache {
             }
             return Ok(s.clone());
         }
-        let s = match backend {
-            Backend::Host => {
-                let dev = Arc::new(HostDevice::new());
+        #[cfg(not(feature = "cuda"))]
+        if let Backend::Cuda(_) = backend {
+            return Err(FfiError::Unsupported(Unsupported::NoCuda));
+        }
+        // The HAL's one device handle, as the command line opens it.
+        #[allow(unreachable_patterns)]
+        let s = match DeviceHandle::open(backend.spec())? {
+            DeviceHandle::Host(dev) => {
                 let set = self.open_set(&dev)?;
                 AnyStores::Host(dev, set)
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(ordinal) => {
-                let dev = Arc::new(ucm_device::accel::cuda::CudaDevice::new(ordinal)?);
+            DeviceHandle::Cuda(dev, ordinal) => {
                 let set = self.open_set(&dev)?;
-                AnyStores::Cuda(dev, set, ordinal)
+                AnyStores::Cuda(dev, set, ordinal as usize)
             }
-            #[cfg(not(feature = "cuda"))]
-            Backend::Cuda(_) => return Err(FfiError::Unsupported(Unsupported::NoCuda)),
+            // A backend the cache does not import tensors from yet (the
+            // HAL may carry Ascend in a build with every feature).
+            other => return Err(FfiError::Unsupported(Unsupported::Device(other.spec()))),
         };
         st.view = None;
         st.workers = Some(s.clone());

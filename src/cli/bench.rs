@@ -425,18 +425,16 @@ pub(crate) fn bench_layerwise(a: LayerwiseArgs) -> Result<(), String> {
         lookahead: a.lookahead,
         engine: a.engine,
     };
-    let progress = |l: &str| eprintln!("{l}");
-    let spec: ucm::device::DeviceSpec = a.device.parse().map_err(|e| format!("--device: {e}"))?;
-    let records = match spec {
-        ucm::device::DeviceSpec::Host => lw::run(&cfg, progress),
-        #[cfg(feature = "cuda")]
-        ucm::device::DeviceSpec::Cuda(i) => {
-            let dev = open_cuda(i)?;
-            lw::run_on(dev, &cfg, progress)
+    struct OnDevice<'a>(&'a LayerwiseConfig);
+    impl ucm::device::DeviceVisitor for OnDevice<'_> {
+        type Output = Result<Vec<lw::LayerwiseRecord>, lw::LayerwiseError>;
+        fn visit<D: ucm::device::Device>(self, dev: &std::sync::Arc<D>) -> Self::Output {
+            lw::run_on(std::sync::Arc::clone(dev), self.0, |l| eprintln!("{l}"))
         }
-        other => return Err(host_or_cuda("the layerwise bench", &other)),
     }
-    .map_err(|e| e.to_string())?;
+    let records = open_device(&a.device)?
+        .visit(OnDevice(&cfg))
+        .map_err(|e| e.to_string())?;
     if !a.json {
         if let Some(l) = records.first().and_then(|r| r.load_average) {
             println!(
@@ -520,8 +518,20 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
             return Err("--remote and --cold measure the host device only".into());
         }
         #[cfg(feature = "cuda")]
-        ucm::device::DeviceSpec::Cuda(i) => store_on_cuda(i, &cfg, progress)?,
-        other => return Err(host_or_cuda("the store bench", &other)),
+        ucm::device::DeviceSpec::Cuda(_) => match open_device(&a.device)? {
+            ucm::device::DeviceHandle::Cuda(dev, _) => store_on_cuda(dev, &cfg, progress)?,
+            _ => unreachable!("cuda opens a CUDA device"),
+        },
+        other => {
+            return Err(format!(
+                "--device {other}: the store bench runs on host{}",
+                if cfg!(feature = "cuda") {
+                    " and cuda"
+                } else {
+                    " (cuda needs a build with the `cuda` feature)"
+                }
+            ))
+        }
     };
     if !a.json {
         if let Some(l) = records.first().and_then(|r| r.load_average) {
@@ -558,35 +568,24 @@ pub(crate) fn bench_store(a: StoreArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The refusal of a command (`what`: "the store bench", "the replay")
-/// that runs on the host and, with the `cuda` feature, on a GPU.
-pub(crate) fn host_or_cuda(what: &str, other: &ucm::device::DeviceSpec) -> String {
-    format!(
-        "--device {other}: {what} runs on host{}",
-        if cfg!(feature = "cuda") {
-            " and cuda"
-        } else {
-            " (cuda needs a build with the `cuda` feature)"
-        }
-    )
-}
-
-/// GPU `ordinal` for a bench or a replay, saying when libcuda is UCM's
+/// The device `name` names (`host`, `cuda[:N]`, `npu[:N]`), opened
+/// through the HAL's one handle; for a GPU, says when libcuda is UCM's
 /// test double and which path batched copies take.
-#[cfg(feature = "cuda")]
-pub(crate) fn open_cuda(
-    ordinal: u32,
-) -> Result<std::sync::Arc<ucm::device::accel::cuda::CudaDevice>, String> {
-    use ucm::device::accel::cuda::{self, CudaDevice};
-    if let Some((path, true)) = cuda::preloaded() {
-        eprintln!(
-            "note: libcuda is UCM's host-memory test double ({}): a smoke run, not a GPU",
-            path.display()
-        );
+pub(crate) fn open_device(name: &str) -> Result<ucm::device::DeviceHandle, String> {
+    let spec: ucm::device::DeviceSpec = name.parse().map_err(|e| format!("--device: {e}"))?;
+    let handle =
+        ucm::device::DeviceHandle::open(spec).map_err(|e| format!("--device {spec}: {e}"))?;
+    #[cfg(feature = "cuda")]
+    if let ucm::device::DeviceHandle::Cuda(dev, _) = &handle {
+        if let Some((path, true)) = ucm::device::accel::cuda::preloaded() {
+            eprintln!(
+                "note: libcuda is UCM's host-memory test double ({}): a smoke run, not a GPU",
+                path.display()
+            );
+        }
+        eprintln!("batched copies: {}", dev.copy_path().name());
     }
-    let dev = CudaDevice::new(ordinal as usize).map_err(|e| e.to_string())?;
-    eprintln!("batched copies: {}", dev.copy_path().name());
-    Ok(std::sync::Arc::new(dev))
+    Ok(handle)
 }
 
 /// `ucm bench store --device cuda:N`: the data on GPU `ordinal`, the pool
@@ -594,14 +593,13 @@ pub(crate) fn open_cuda(
 /// buffer.
 #[cfg(feature = "cuda")]
 fn store_on_cuda(
-    ordinal: u32,
+    dev: std::sync::Arc<ucm::device::accel::cuda::CudaDevice>,
     cfg: &ucm::bench::store::StoreBenchConfig,
     progress: impl FnMut(&str),
 ) -> Result<Vec<ucm::bench::store::StoreBenchRecord>, String> {
     use std::sync::Mutex;
     use ucm::bench::store::StoreBenchError;
     use ucm::device::{Device, Memory};
-    let dev = open_cuda(ordinal)?;
     let staging: Mutex<Option<Memory>> = Mutex::new(None);
     let limit = |dst: &Memory, _src: &Memory, n: usize| -> Result<f64, StoreBenchError> {
         let mut g = staging.lock().unwrap_or_else(|e| e.into_inner());

@@ -238,15 +238,16 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         let _ = write!(e, "\r{l}");
         let _ = e.flush();
     };
-    let report = match device {
-        ucm::device::DeviceSpec::Host => ucm::replay::run(&cfg, &progress),
-        #[cfg(feature = "cuda")]
-        ucm::device::DeviceSpec::Cuda(i) => {
-            ucm::replay::run_on(&super::bench::open_cuda(i)?, &cfg, &progress)
+    struct OnDevice<'a, P>(&'a ucm::replay::ReplayConfig, &'a P);
+    impl<P: Fn(&str)> ucm::device::DeviceVisitor for OnDevice<'_, P> {
+        type Output = Result<ucm::replay::Report, ucm::replay::ReplayError>;
+        fn visit<D: ucm::device::Device>(self, dev: &std::sync::Arc<D>) -> Self::Output {
+            ucm::replay::run_on(dev, self.0, self.1)
         }
-        other => return Err(super::bench::host_or_cuda("the replay", &other)),
     }
-    .map_err(|e| e.to_string())?;
+    let report = super::bench::open_device(&a.device)?
+        .visit(OnDevice(&cfg, &progress))
+        .map_err(|e| e.to_string())?;
     eprintln!();
     if let Some(p) = &a.plot {
         std::fs::write(p, ucm::replay::render_svg(&report))

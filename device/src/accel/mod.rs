@@ -15,6 +15,7 @@
 pub mod ascend;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod handle;
 pub mod host;
 pub mod spec;
 #[cfg(any(feature = "cuda", feature = "ascend"))]
