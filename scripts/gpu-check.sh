@@ -26,8 +26,9 @@
 #   scatter_64k_batch_api     the same through cuMemcpyBatchAsync, when exported
 #   layerwise                 loads overlapped with a real kernel per layer,
 #                             with the hidden fraction of the I/O
-# Everything finishes in well under 5 minutes. Results go to $OUT (or
-# $BIN_DIR/gpu-check-out).
+# Everything finishes in well under 5 minutes and exits 0 only when every
+# step passed. Results go to $OUT (or $BIN_DIR/gpu-check-out), eight files
+# at most, ending with summary.txt, the table it prints last.
 set -euo pipefail
 BIN_DIR=${BIN_DIR:-$(cd "$(dirname "$0")" && pwd)}
 OUT=${OUT:-$BIN_DIR/gpu-check-out}
@@ -50,7 +51,9 @@ PYTHONPATH="$py_dir${PYTHONPATH:+:$PYTHONPATH}" timeout 300 \
     python3 -m pytest -q "$py_tests" 2>&1 | tee "$OUT/python-tests.log"
 rm -rf "$py_dir"
 echo "== ucm info"
-"$BIN_DIR/ucm" info --json | tee "$OUT/info.json"
+# Beside the GPU's name and driver: what this build found (nine files in
+# all would be one too many).
+"$BIN_DIR/ucm" info | tee -a "$OUT/gpu.txt"
 echo "== ucm bench device --device cuda"
 timeout 150 "$BIN_DIR/ucm" bench device --device cuda --json --size 1G --reps 5 \
     --layers 32 --layer-size 64M | tee "$OUT/bench-device.jsonl"
@@ -71,5 +74,36 @@ echo "== ucm replay --device cuda (the chat workload, KV caches and states in GP
 # Every loaded byte checked by the content oracle in GPU memory; exits
 # non-zero on a wrong hit.
 timeout 120 "$BIN_DIR/ucm" replay --device cuda --runs 1 --dir "$store_dir" \
+    --spec "$(cd "$(dirname "$0")/.." && pwd)/specs/x-hybrid-96.toml" \
     2>&1 | tr '\r' '\n' | grep -v '^\(ucm\|fold\) *\[' | tee "$OUT/replay.txt"
+echo "== summary"
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def lines(name):
+    p = out / name
+    return [json.loads(l) for l in p.read_text().splitlines() if l.startswith("{")] if p.exists() else []
+def ratio(r):
+    p = r.get("paired") or {}
+    return f"{p['median']:.2f} [{min(p['ratios']):.2f}-{max(p['ratios']):.2f}]" if p.get("ratios") else "-"
+gpu = (out / "gpu.txt").read_text().splitlines() if (out / "gpu.txt").exists() else ["?"]
+print("GPU:", gpu[0] if gpu else "?")
+print("\nbench device (ratio to the raw or contiguous pinned copy, median [min-max] of paired rounds)")
+for r in lines("bench-device.jsonl"):
+    extra = f"  hidden {r['hidden_io_fraction']:.2f}" if "hidden_io_fraction" in r else ""
+    print(f"  {r['case']:<24} {r.get('gib_s', 0):7.2f} GiB/s  {ratio(r):<20} {r.get('copy_path', '')}{extra}")
+print("\nbench store, data in GPU memory, files on tmpfs (warm and layerwise: of the same round's contiguous pinned-to-GPU copy)")
+print(f"  {'path':<16} {'shard':>8}  {'GiB/s':>7}  ratio")
+for r in lines("bench-store.jsonl"):
+    if r["path"].startswith("lookup"):
+        continue
+    print(f"  {r['path']:<16} {r['shard_bytes'] >> 10:>6} K  {r['gib_s']:7.2f}  {ratio(r)}")
+print("\nbench layerwise into GPU memory (hidden fraction of the hideable load I/O; goal >= 0.9 where I/O <= compute)")
+for r in lines("bench-layerwise.jsonl"):
+    print(f"  io {r['io_per_unit_ms']:.3f} ms/unit  compute {r['compute_per_unit_ms']:.3f} ms/unit  hidden {r['hidden_fraction']:.3f}")
+rp = out / "replay.txt"
+if rp.exists():
+    print("\nreplay --device cuda")
+    print("\n".join("  " + l for l in rp.read_text().splitlines() if l.strip() and not l.startswith("note")))
+PY
 echo "== done: record the figures in docs/gpu.md with the date and GPU model"
