@@ -29,6 +29,12 @@ configures it), `ucm-unaligned` (the connector with vLLM's own scheduler:
 states only where vLLM ends a step), `ucm+vllm` (both caches: vLLM's
 alignment gives UCM states at block boundaries), `ucm-restart` (below).
 
+The `ucm` run also writes the spec its connector derived and its
+requests as served (prompts and answers); `ucm replay --requests` (the
+`ucm` binary: `UCM_BIN`, else target/release/ucm) replays them through the
+engine harness, and the report sets the tokens vLLM was served from cache
+against the replay's (goal: within 10%).
+
 The `ucm` run ends with `--throughput-rounds` paired rounds of distinct
 2,000-3,000-token prompts, prefilled with UCM's chunk stops and without
 them in the same engine (the stops switched off in its scheduler): the
@@ -186,6 +192,7 @@ def run(args) -> None:
     sp = SamplingParams(max_tokens=ANSWER, temperature=0.0, ignore_eos=True)
     history: dict[tuple, list[int]] = {}
     out = []
+    served_prompts = []
     reqs = workload(args)
     if cfg == "ucm-restart":
         # A restarted engine: the first turn of each known conversation,
@@ -215,9 +222,20 @@ def run(args) -> None:
         answer = list(res.outputs[0].token_ids)
         if r["kind"] == "chat":
             history[key] = prompt + answer
+        served_prompts.append(prompt)
         out.append({"kind": r["kind"], "conv": r["conv"], "turn": r["turn"], "prompt": len(prompt),
                     "ttft_s": ttft, "wall_s": wall, "cached": cached, "tokens": answer})
     result = {"requests": out}
+    if cfg == "ucm":
+        # What the replay needs to predict these hits: the spec the
+        # connector derived, and the requests as served (prompt and answer).
+        conn = llm.llm_engine.engine_core.engine_core.scheduler.connector
+        (pathlib.Path(args.work) / "spec.toml").write_text(conn._plan.toml)
+        with open(pathlib.Path(args.work) / "requests.jsonl", "w") as f:
+            for r, p in zip(out, served_prompts):
+                session = r["conv"] + (0 if r["kind"] == "chat" else 1000)
+                f.write(json.dumps({"session": session, "turn": r["turn"], "prompt": p,
+                                    "output": r["tokens"]}) + "\n")
     if cfg == "ucm" and args.throughput_rounds > 0:
         result["throughput"] = throughput(llm, args.throughput_rounds)
     pathlib.Path(args.out).write_text(json.dumps(result))
@@ -251,6 +269,27 @@ def throughput(llm, rounds: int) -> dict:
     finally:
         sched._ucm_stops = stops
     return {"ratios": [round(r, 4) for r in ratios], "median": round(statistics.median(ratios), 4)}
+
+
+def predict(work: pathlib.Path) -> int | None:
+    """Tokens `ucm replay --requests` serves the `ucm` run's requests (the
+    connector's spec, the same prompts and answers, the engine harness
+    with the content oracle), or None without a `ucm` binary (`UCM_BIN`,
+    else the repository's target/release/ucm)."""
+    exe = pathlib.Path(os.environ.get("UCM_BIN") or HERE.parent / "target" / "release" / "ucm")
+    reqs, spec = work / "requests.jsonl", work / "spec.toml"
+    if not exe.exists() or not reqs.exists():
+        return None
+    scratch = work / "replay"
+    scratch.mkdir(exist_ok=True)
+    out = subprocess.run(
+        [str(exe), "replay", "--requests", str(reqs), "--spec", str(spec), "--modes", "ucm",
+         "--runs", "1", "--json", "--dir", str(scratch)],
+        capture_output=True, text=True, timeout=1800,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"serve-bench: ucm replay --requests failed: {out.stderr[-2000:]}")
+    return int(json.loads(out.stdout)["modes"]["ucm"]["cached_tokens"])
 
 
 def pct(v: list[float], q: float) -> float:
@@ -330,6 +369,17 @@ def all_configs(args) -> int:
         goals.append(f"ucm: later turns' TTFT p50 {p50['ucm']} ms is not 40% below no-cache's {p50['none']} ms")
     if p50["ucm"] and p50["vllm"] and p50["ucm"] >= p50["vllm"]:
         goals.append(f"ucm: later turns' TTFT p50 {p50['ucm']} ms is not below vLLM's prefix caching's {p50['vllm']} ms")
+    predicted = predict(work)
+    if predicted is not None and "requests" in results["ucm"]:
+        real = sum(r["cached"] for r in results["ucm"]["requests"])
+        report["replay_prediction"] = {"served_real": real, "served_replay": predicted}
+        off = abs(real - predicted) / predicted if predicted else (0.0 if real == 0 else 1.0)
+        lines.append(f"{'ucm':12} tokens from cache: {real} in vLLM, {predicted} predicted by "
+                     f"`ucm replay --requests` on the same requests ({off:.1%} apart)")
+        if off > 0.10:
+            goals.append(f"ucm: tokens from cache {real} are {off:.1%} from the replay's {predicted} (goal 10%)")
+    elif predicted is None:
+        lines.append(f"{'ucm':12} replay prediction skipped: no `ucm` binary (cargo build --release, or UCM_BIN)")
     tp = results["ucm"].get("throughput")
     if tp:
         report["throughput_with_stops_over_without"] = tp

@@ -336,7 +336,11 @@ fn the_replay_refuses_a_device_it_cannot_run_on() {
                 "--trace",
                 "tests/data/mooncake/synthetic_trace.jsonl",
             ],
-            "--device apply to workload replays",
+            "--device and --requests apply to workload replays",
+        ),
+        (
+            vec!["--requests", "r.jsonl", "--instances", "2"],
+            "--requests replays in one instance",
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -351,4 +355,59 @@ fn the_replay_refuses_a_device_it_cannot_run_on() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+/// `replay --requests FILE`: the requests an engine served, replayed with
+/// the oracle; a second prompt that continues the first is served from
+/// cache, and a bad file is refused with its line.
+#[test]
+fn a_request_file_is_replayed_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let first: Vec<u32> = (0..4096).map(|i| (i * 7919) % 50_000).collect();
+    let mut second = first.clone();
+    second.extend(100..400);
+    let line = |s: usize, t: usize, p: &[u32]| {
+        serde_json::json!({"session": s, "turn": t, "prompt": p, "output": [1, 2, 3]}).to_string()
+    };
+    let file = dir.path().join("requests.jsonl");
+    std::fs::write(
+        &file,
+        format!("{}\n{}\n", line(0, 0, &first), line(0, 1, &second)),
+    )
+    .unwrap();
+    let v = report(
+        ucm()
+            .args([
+                "replay",
+                "--runs",
+                "1",
+                "--modes",
+                "ucm",
+                "--json",
+                "--requests",
+            ])
+            .arg(&file)
+            .arg("--dir")
+            .arg(dir.path()),
+    );
+    let m = &v["modes"]["ucm"];
+    assert_eq!(m["requests"], 2, "{m}");
+    assert_eq!(
+        m["prompt_tokens"],
+        (first.len() + second.len()) as u64,
+        "{m}"
+    );
+    assert!(m["cached_tokens"].as_u64().unwrap() >= 2048, "{m}");
+    assert_eq!(m["wrong_hits"], 0, "{m}");
+    std::fs::write(&file, "{\"session\":0,\"turn\":0,\"prompt\":[]}\n").unwrap();
+    let out = ucm()
+        .args(["replay", "--runs", "1", "--modes", "ucm", "--requests"])
+        .arg(&file)
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("requests line 1: an empty prompt"), "{err}");
 }

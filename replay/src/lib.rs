@@ -39,6 +39,7 @@
 mod faults;
 pub mod instances;
 pub mod report;
+pub mod requests;
 pub mod sim;
 pub mod trace;
 pub mod ttft;
@@ -96,6 +97,9 @@ pub struct ReplayConfig {
     pub spec: PathBuf,
     /// The workload.
     pub workload: Workload,
+    /// A file of requests replayed instead of `workload`
+    /// ([`requests::read_requests`]).
+    pub requests: Option<PathBuf>,
     /// Its seed.
     pub seed: u64,
     /// Sessions (chat), documents (docqa) or prompts / turns (random).
@@ -144,6 +148,7 @@ impl Default for ReplayConfig {
         ReplayConfig {
             spec: PathBuf::from("specs/x-hybrid-96.toml"),
             workload: Workload::Chat,
+            requests: None,
             seed: 1,
             sessions: 8,
             turns: 4,
@@ -286,6 +291,15 @@ pub enum ReplayError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// A request file that cannot be replayed.
+    #[error("{path:?}: {source}")]
+    Requests {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: requests::RequestsError,
     },
     /// A child-only run started outside a multi-instance run.
     #[error("not an instance of a multi-instance run")]
@@ -546,7 +560,13 @@ pub fn run_on<D: Device>(
     progress: &dyn Fn(&str),
 ) -> Result<Report> {
     let ctx = prepare(cfg)?;
-    let reqs = workload(cfg);
+    let reqs = match &cfg.requests {
+        Some(path) => requests::read_requests(path).map_err(|source| ReplayError::Requests {
+            path: path.clone(),
+            source,
+        })?,
+        None => workload(cfg),
+    };
     let reuse = reusable(&reqs);
     let mut modes = std::collections::BTreeMap::new();
     for &m in &cfg.modes {

@@ -162,6 +162,11 @@ pub(crate) struct ReplayArgs {
     /// Draw hit rate and TTFT per turn for each mode into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Replay these requests instead of `--workload`: one JSON object per
+    /// line, `{"session", "turn", "prompt": [ids], "output": [ids]}` (the
+    /// requests an engine served, to predict what UCM serves them).
+    #[arg(long)]
+    requests: Option<PathBuf>,
     /// Where the simulated engine's KV caches and states live (workload
     /// replays): `host`, or `cuda[:N]` (a build with the `cuda` feature:
     /// GPU memory, the pool registered with the GPU, every byte still
@@ -201,6 +206,7 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
     let cfg = ucm::replay::ReplayConfig {
         spec: a.spec,
         workload: a.workload,
+        requests: a.requests.clone(),
         seed: a.seed,
         sessions: a.sessions,
         turns: a.turns,
@@ -228,6 +234,11 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         return Err("--instances must be at least 1".into());
     }
     if a.instances > 1 {
+        if a.requests.is_some() {
+            return Err(
+                "--requests replays in one instance; it does not combine with --instances".into(),
+            );
+        }
         if device != ucm::device::DeviceSpec::Host {
             return Err("--instances runs on the host device only".into());
         }
@@ -437,9 +448,10 @@ pub(crate) fn replay_trace(a: ReplayArgs) -> Result<(), String> {
         || a.sync_mode != SyncMode::Auto
         || a.runs.is_some()
         || a.device != "host"
+        || a.requests.is_some()
     {
         return Err(
-            "--remote, --cold, --no-disk, --sync-mode, --runs and --device apply to workload replays, not to --trace"
+            "--remote, --cold, --no-disk, --sync-mode, --runs, --device and --requests apply to workload replays, not to --trace"
                 .into(),
         );
     }
