@@ -124,7 +124,7 @@ fn bad_replay_options_are_errors() {
                 "--sync-mode",
                 "files",
             ],
-            "--sync-mode and --runs apply to workload replays",
+            "--sync-mode, --runs, --device and --requests apply to workload replays",
         ),
     ];
     if !cfg!(feature = "failpoints") {

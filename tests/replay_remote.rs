@@ -57,7 +57,7 @@ fn a_replay_with_the_remote_tier_writes_through_it_with_no_wrong_hit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("--remote, --cold, --no-disk, --sync-mode and --runs apply to workload replays"));
+        .contains("--remote, --cold, --no-disk, --sync-mode, --runs, --device and --requests apply to workload replays"));
 }
 
 /// `ucm replay --instances 2 --json` with `args` (the tiers), in a fresh
