@@ -36,7 +36,7 @@
 //! Only positions beyond the resume point are planned: what was loaded is
 //! already stored.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::group::{Group, Kind};
 use crate::hash::Id;
@@ -209,6 +209,35 @@ pub fn plan(group: &Group, common_grid: u64, start: u64, end: u64) -> Vec<u64> {
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// One plan for every snapshot group (`plans`: each group's positions
+/// with their priorities). A checkpoint serves only where every snapshot
+/// group holds a state at its position (DESIGN.md section 5), so a state
+/// kept where another group keeps none, or kept longer than another
+/// group's at the same position, costs bytes and serves nothing. Each
+/// position any group plans is planned for all of them, at the lowest
+/// priority any group gives it: a position's states are then kept and
+/// evicted together. (X-Hybrid-96: KDA's interval makes every 1024th token
+/// sure while Mamba2 keeps the same position only speculatively; before
+/// this rule the tiers evicted the Mamba2 state first and kept the KDA
+/// state, which no hit could use, as long as sure data.)
+pub fn joint_plan(plans: &mut HashMap<usize, BTreeMap<u64, Priority>>) {
+    if plans.len() < 2 {
+        return;
+    }
+    let mut joint: BTreeMap<u64, Priority> = BTreeMap::new();
+    for ps in plans.values() {
+        for (&p, &pr) in ps {
+            joint
+                .entry(p)
+                .and_modify(|q| *q = (*q).min(pr))
+                .or_insert(pr);
+        }
+    }
+    for ps in plans.values_mut() {
+        ps.clone_from(&joint);
+    }
 }
 
 /// The spacing of speculative checkpoints: the junction spacing

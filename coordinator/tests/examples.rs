@@ -6,8 +6,8 @@ mod common;
 use common::{tokens, x_hybrid, MemPresence};
 use ucm_coordinator::hash::checkpoint_hash;
 use ucm_coordinator::retention::{
-    plan, speculative_plan, speculative_spacing, JunctionLog, Priority, RecurrenceTracker, Shared,
-    SpeculativeBudget, MAX_LEVEL,
+    joint_plan, plan, speculative_plan, speculative_spacing, JunctionLog, Priority,
+    RecurrenceTracker, Shared, SpeculativeBudget, MAX_LEVEL,
 };
 use ucm_coordinator::{
     resolve_hit, CheckpointDirectory, CoordError, Deployment, GroupProblem, RequestError,
@@ -325,6 +325,41 @@ fn the_scheduler_plans_sure_and_speculative_checkpoints() {
     s.get_num_new_matched_tokens(&req("b", 2), 0).unwrap();
     let b = plan_of(&s, "b");
     assert!(b.contains(&(896, Priority::Sure)), "the junction: {b:?}");
+    // One plan for both snapshot groups: KDA's interval (1024 tokens)
+    // alone would keep its state at 1024 as sure data, but a hit there
+    // needs Mamba2's too, which is speculative; so KDA's is as well.
+    let k = spec.group("kda_perslot").unwrap().index;
+    for id in ["a", "b"] {
+        let kda: Vec<(u64, Priority)> = s
+            .checkpoint_plan(id)
+            .into_iter()
+            .filter(|(g, _, _)| *g == k)
+            .map(|(_, p, pr)| (p, pr))
+            .collect();
+        assert_eq!(kda, plan_of(&s, id), "request {id}");
+    }
+    assert!(a.contains(&(1024, sp(2))));
+}
+
+/// The joint plan: every position any group plans, for every group, at
+/// the lowest priority any group gives it.
+#[test]
+fn a_position_is_planned_for_every_snapshot_group_at_its_lowest_priority() {
+    use std::collections::{BTreeMap, HashMap};
+    let sp = Priority::Speculative;
+    let mut plans: HashMap<usize, BTreeMap<u64, Priority>> = HashMap::new();
+    plans.insert(4, [(512, sp(0)), (1024, Priority::Sure)].into());
+    plans.insert(5, [(1024, sp(1)), (2048, Priority::Sure)].into());
+    joint_plan(&mut plans);
+    let want: BTreeMap<u64, Priority> =
+        [(512, sp(0)), (1024, sp(1)), (2048, Priority::Sure)].into();
+    assert_eq!(plans[&4], want);
+    assert_eq!(plans[&5], want);
+    // One group: nothing to join.
+    let mut one: HashMap<usize, BTreeMap<u64, Priority>> = HashMap::new();
+    one.insert(4, [(512, sp(3))].into());
+    joint_plan(&mut one);
+    assert_eq!(one[&4], [(512, sp(3))].into());
 }
 
 fn tokens_ids(spec: &SpecTable, seed: u64) -> Vec<[u8; 16]> {

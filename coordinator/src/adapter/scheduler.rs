@@ -18,8 +18,8 @@ use crate::error::{CoordError, MetaProblem, RequestError, Result};
 use crate::hash::{Deployment, RequestHashes, RequestKeys};
 use crate::resolve::{resolve_positions, Presence};
 use crate::retention::{
-    checkpoint_grid, plan, speculative_plan, speculative_spacing, JunctionLog, Priority,
-    RecurrenceTracker,
+    checkpoint_grid, joint_plan, plan, speculative_plan, speculative_spacing, JunctionLog,
+    Priority, RecurrenceTracker,
 };
 use crate::spec::{Kind, SpecTable};
 
@@ -313,6 +313,7 @@ impl<P: Presence> Scheduler<P> {
             }
             plans.insert(g.index, ps);
         }
+        joint_plan(&mut plans);
         plans
     }
 
@@ -495,6 +496,7 @@ impl<P: Presence> Scheduler<P> {
                     ps.insert(p, Priority::Sure);
                 }
             }
+            joint_plan(&mut st.plan);
         }
         st.req.tokens = tokens;
         Ok(())
