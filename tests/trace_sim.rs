@@ -403,6 +403,14 @@ fn the_cli_refuses_bad_trace_options() {
         (vec!["--capacity-sweep", "0"], "whole number"),
         (vec!["--capacity-sweep", "abc"], "not a number"),
         (vec!["--disk-gib-s", "0"], "positive bandwidth"),
+        (
+            vec!["--speculative-share", "1.5"],
+            "not a share from 0 to 1",
+        ),
+        (
+            vec!["--speculative-share", "NaN"],
+            "not a share from 0 to 1",
+        ),
     ] {
         let out = ucm()
             .args(["replay", "--trace"])
@@ -418,6 +426,12 @@ fn the_cli_refuses_bad_trace_options() {
     let out = ucm().args(["replay", "--limit", "3"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--limit needs --trace"));
+    let out = ucm()
+        .args(["replay", "--speculative-share", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--speculative-share needs --trace"));
 }
 
 /// A small trace with reuse: shared prefixes that diverge, exact repeats,
@@ -486,4 +500,27 @@ fn a_planted_bug_in_the_byte_moving_run_fails_the_check() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["wrong"].as_u64().unwrap() > 0, "{v}");
     assert!(v["disagreements"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// A fixed speculative share (`--speculative-share`): at 0, what the
+/// store's tiers do, A's speculative states go before any of its K/V, and
+/// B, which needs A's state at a grid point of the shared prefix, is
+/// served less than when they may fill the tiers (1).
+#[test]
+fn a_fixed_speculative_share_of_zero_evicts_speculative_states_first() {
+    let at = |share: Option<f64>| {
+        let c = SimConfig {
+            pool_tokens: 1536,
+            disk_tokens: 1536,
+            speculative_share: share,
+            ..cfg()
+        };
+        served(SimMode::Ucm, 0, &c, &diverging())
+    };
+    let (none, all) = (at(Some(0.0)), at(Some(1.0)));
+    assert!(none[1] < all[1], "share 0: {none:?}, share 1: {all:?}");
+    assert_eq!(all, [0, 768, 0]);
+    // The ghosts' share, on evidence that speculative data serves here,
+    // does as well as keeping it all.
+    assert_eq!(at(None), all);
 }

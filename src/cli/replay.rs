@@ -103,6 +103,12 @@ pub(crate) struct ReplayArgs {
     /// With `--trace`: `ucm` does not keep what its requests decode.
     #[arg(long)]
     no_decode_retention: bool,
+    /// With `--trace`: the share (0 to 1) of each tier that `ucm`'s
+    /// speculative checkpoints may keep, fixed; by default it follows the
+    /// ghosts of evicted data (D71). 0 is what the store's tiers do:
+    /// speculative items are evicted before any sure item (D81).
+    #[arg(long)]
+    speculative_share: Option<f64>,
     /// A Redis or Valkey cluster below every store's disk tier
     /// (`redis://host:port,...`), as instances on several machines would
     /// share it (workload replays).
@@ -191,6 +197,7 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         ("--sweep", a.sweep.is_some()),
         ("--engine-capacity", a.engine_capacity.is_some()),
         ("--limit", a.limit.is_some()),
+        ("--speculative-share", a.speculative_share.is_some()),
     ] {
         if set {
             return Err(format!("{flag} needs --trace"));
@@ -519,6 +526,13 @@ pub(crate) fn replay_trace(a: ReplayArgs) -> Result<(), String> {
             a.compute_us_per_token
         ));
     }
+    if let Some(s) = a.speculative_share {
+        if !(0.0..=1.0).contains(&s) {
+            return Err(format!(
+                "--speculative-share {s} is not a share from 0 to 1"
+            ));
+        }
+    }
     let cfg = SimConfig {
         seed: a.seed,
         pool_tokens: one_capacity("--pool-capacity", &a.pool_capacity)?,
@@ -527,6 +541,7 @@ pub(crate) fn replay_trace(a: ReplayArgs) -> Result<(), String> {
         pool_gib_s: a.pool_gib_s,
         disk_gib_s: a.disk_gib_s,
         decode_retention: !a.no_decode_retention,
+        speculative_share: a.speculative_share,
         ..SimConfig::default()
     };
     let spec = ucm::coordinator::SpecTable::load(&a.spec).map_err(|e| e.to_string())?;

@@ -129,6 +129,10 @@ pub struct SimConfig {
     /// Marconi's `alpha`; `None`: bootstrapped on the trace's first
     /// requests, as the paper does.
     pub marconi_alpha: Option<f64>,
+    /// The share of each tier `ucm`'s speculative checkpoints may keep;
+    /// `None`: set by ghosts (D71). `Some(0.0)`: they are evicted before
+    /// any sure data, as the store's tiers do (D81).
+    pub speculative_share: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -144,6 +148,7 @@ impl Default for SimConfig {
             sglang_chunk: sglang::CHUNK,
             lmcache_chunk: lmcache::CHUNK,
             marconi_alpha: None,
+            speculative_share: None,
         }
     }
 }
@@ -319,8 +324,11 @@ impl Sim {
                 disk,
                 false,
                 cfg.decode_retention,
+                cfg.speculative_share,
             ))),
-            SimMode::Fold => Offload::Ucm(Box::new(ucm::UcmTiers::new(m, pool, disk, true, false))),
+            SimMode::Fold => Offload::Ucm(Box::new(ucm::UcmTiers::new(
+                m, pool, disk, true, false, None,
+            ))),
             SimMode::Lmcache => Offload::Lm(Box::new(lmcache::LmCache::new(
                 m,
                 pool,

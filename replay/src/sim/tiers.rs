@@ -31,6 +31,8 @@ pub struct Tiers {
     /// speculative units first.
     pub disk: PriorityCache,
     budget: SpeculativeBudget,
+    /// A share fixed by the caller instead of the budget's.
+    fixed: Option<f64>,
     /// Speculative units that left both tiers.
     pub spec_ghosts: Ghosts,
     /// Sure units that left both tiers.
@@ -38,19 +40,28 @@ pub struct Tiers {
 }
 
 impl Tiers {
-    /// Tiers of `pool` and `disk` bytes.
+    /// Tiers of `pool` and `disk` bytes, whose speculative share follows
+    /// the ghosts ([`SpeculativeBudget`]).
     pub fn new(pool: u64, disk: u64) -> Self {
+        Self::with_share(pool, disk, None)
+    }
+
+    /// Tiers of `pool` and `disk` bytes; `share`: the speculative share,
+    /// fixed (clamped to 0-1; 0: speculative units are evicted before any
+    /// sure unit), or `None` to follow the ghosts.
+    pub fn with_share(pool: u64, disk: u64, share: Option<f64>) -> Self {
         let bound = pool.max(disk);
-        let budget = SpeculativeBudget::new();
         let mut t = Tiers {
             pool: PriorityCache::new(pool, 1.0),
             disk: PriorityCache::new(disk, 0.9),
-            budget,
+            budget: SpeculativeBudget::new(),
+            fixed: share.map(|s| s.clamp(0.0, 1.0)),
             spec_ghosts: Ghosts::new(bound),
             sure_ghosts: Ghosts::new(bound),
         };
-        t.pool.set_speculative_share(budget.share());
-        t.disk.set_speculative_share(budget.share());
+        let s = t.speculative_share();
+        t.pool.set_speculative_share(s);
+        t.disk.set_speculative_share(s);
         t
     }
 
@@ -61,14 +72,14 @@ impl Tiers {
 
     /// The share of each tier speculative units may keep.
     pub fn speculative_share(&self) -> f64 {
-        self.budget.share()
+        self.fixed.unwrap_or_else(|| self.budget.share())
     }
 
     /// One request's evidence for the budget: bytes of recompute a
     /// speculative ghost and a sure ghost would have saved it.
     pub fn observe(&mut self, speculative_gain: u64, sure_gain: u64) {
         self.budget.observe(speculative_gain, sure_gain);
-        let share = self.budget.share();
+        let share = self.speculative_share();
         self.pool.set_speculative_share(share);
         self.disk.set_speculative_share(share);
     }

@@ -61,9 +61,17 @@ pub struct UcmTiers {
 
 impl UcmTiers {
     /// Tiers of `pool` and `disk` bytes; `fold` selects the predecessor's
-    /// retention, `decode` keeps decode output (ignored with `fold`).
-    pub fn new(m: &Model, pool: u64, disk: u64, fold: bool, decode: bool) -> Self {
-        let tiers = Arc::new(Mutex::new(Tiers::new(pool, disk)));
+    /// retention, `decode` keeps decode output (ignored with `fold`),
+    /// `share` fixes the tiers' speculative share (`None`: set by ghosts).
+    pub fn new(
+        m: &Model,
+        pool: u64,
+        disk: u64,
+        fold: bool,
+        decode: bool,
+        share: Option<f64>,
+    ) -> Self {
+        let tiers = Arc::new(Mutex::new(Tiers::with_share(pool, disk, share)));
         let dir = Arc::new(CheckpointDirectory::new());
         let mut sched = Scheduler::new(
             Arc::new(m.spec.clone()),
