@@ -339,6 +339,20 @@ fn the_scheduler_plans_sure_and_speculative_checkpoints() {
         assert_eq!(kda, plan_of(&s, id), "request {id}");
     }
     assert!(a.contains(&(1024, sp(2))));
+    // Decoding extends the plan: KDA's interval adds 2048 for KDA alone,
+    // and the joint plan gives it to Mamba2 too.
+    let mut longer = req("a", 1).tokens.as_ref().clone();
+    longer.extend(tokens(7, 500));
+    s.extend_tokens("a", Arc::new(longer)).unwrap();
+    let a = plan_of(&s, "a");
+    assert!(a.contains(&(2048, Priority::Sure)), "{a:?}");
+    let kda: Vec<(u64, Priority)> = s
+        .checkpoint_plan("a")
+        .into_iter()
+        .filter(|(g, _, _)| *g == k)
+        .map(|(_, p, pr)| (p, pr))
+        .collect();
+    assert_eq!(kda, a);
 }
 
 /// The joint plan: every position any group plans, for every group, at

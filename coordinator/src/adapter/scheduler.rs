@@ -489,14 +489,20 @@ impl<P: Presence> Scheduler<P> {
         if !fold {
             let common = spec.common_grid();
             let (from, to) = (old.len() as u64, tokens.len() as u64);
+            let mut added = false;
             for g in spec.snapshot_groups() {
                 let add = plan(g, common, from, to);
+                added |= !add.is_empty();
                 let ps = st.plan.entry(g.index).or_default();
                 for p in add {
                     ps.insert(p, Priority::Sure);
                 }
             }
-            joint_plan(&mut st.plan);
+            // The plan was joint before; it changes only where positions
+            // were added (not on most decode steps).
+            if added {
+                joint_plan(&mut st.plan);
+            }
         }
         st.req.tokens = tokens;
         Ok(())
