@@ -59,10 +59,15 @@ impl Tiers {
             spec_ghosts: Ghosts::new(bound),
             sure_ghosts: Ghosts::new(bound),
         };
-        let s = t.speculative_share();
-        t.pool.set_speculative_share(s);
-        t.disk.set_speculative_share(s);
+        t.apply_share();
         t
+    }
+
+    /// Gives both tiers the current speculative share.
+    fn apply_share(&mut self) {
+        let share = self.speculative_share();
+        self.pool.set_speculative_share(share);
+        self.disk.set_speculative_share(share);
     }
 
     /// Is `u` in either tier?
@@ -79,9 +84,7 @@ impl Tiers {
     /// speculative ghost and a sure ghost would have saved it.
     pub fn observe(&mut self, speculative_gain: u64, sure_gain: u64) {
         self.budget.observe(speculative_gain, sure_gain);
-        let share = self.speculative_share();
-        self.pool.set_speculative_share(share);
-        self.disk.set_speculative_share(share);
+        self.apply_share();
     }
 
     /// Loads `units`: a memory hit refreshes it; a disk hit refreshes the
