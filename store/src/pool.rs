@@ -39,7 +39,7 @@ use crate::geometry::BlockId;
 use crate::slot::{self, state_of, Claim, EMPTY, FAILED, LOADING, READY, REFS};
 
 const MAGIC: [u8; 8] = *b"UCMPOOL1";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const HEADER_BYTES: usize = 4096;
 const BUCKET_BYTES: usize = 8;
 const META_BYTES: usize = 64;
@@ -59,6 +59,9 @@ struct SlotMeta {
     /// Dumped but not yet on disk: CLOCK passes it over until it is clean
     /// or older than the dirty timeout.
     dirty: AtomicU32,
+    /// 1 while the slot is held at low priority ([`SlotRef::cool`]) and
+    /// counted in [`Header::low_slots`].
+    low: AtomicU32,
 }
 
 /// Per-bucket claim lock (holder pid, 0 when free) and CLOCK hand.
@@ -77,6 +80,11 @@ struct Header {
     slots: u64,
     ways: u64,
     creator: u32,
+    /// Slots held at low priority now (every process's).
+    low_slots: AtomicU64,
+    /// The speculative share ([`ClockPool::set_speculative_share`]), in
+    /// millionths of the slots; shared by every process of the pool.
+    share_ppm: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<SlotMeta>() == META_BYTES);
@@ -554,8 +562,56 @@ impl ClockPool {
     /// Pins `slot` if it is READY with `key`. Lock-free.
     fn try_pin(&self, slot: usize, key: &Key) -> Option<SlotRef<'_>> {
         let m = self.meta(slot);
-        slot::try_pin(&m.ctl, &m.access, || self.key_matches(m, key))
-            .then(|| SlotRef { pool: self, slot })
+        if !slot::try_pin(&m.ctl, &m.access, || self.key_matches(m, key)) {
+            return None;
+        }
+        // A use: the slot is normal again.
+        self.clear_low(m);
+        Some(SlotRef { pool: self, slot })
+    }
+
+    /// Marks `m`'s slot low priority (counted once).
+    fn mark_low(&self, m: &SlotMeta) {
+        if m.low.swap(1, Ordering::AcqRel) == 0 {
+            self.header().low_slots.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Makes `m`'s slot normal priority (uncounted once).
+    fn clear_low(&self, m: &SlotMeta) {
+        if m.low.load(Ordering::Relaxed) != 0 && m.low.swap(0, Ordering::AcqRel) != 0 {
+            self.header().low_slots.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Sets the speculative share: the fraction of the slots that slots
+    /// held at low priority ([`SlotRef::cool`]) may fill before they are
+    /// evicted first. Within it, CLOCK evicts normal slots and passes low
+    /// ones over (unless a bucket holds nothing else); beyond it, a bucket
+    /// gives up a low slot before any normal one. 0 (the default): low
+    /// slots always go first; 1: normal slots do, while a bucket has any.
+    /// Clamped to 0-1; one value for every process of a shared pool.
+    pub fn set_speculative_share(&self, share: f64) {
+        let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
+        self.header().share_ppm.store(ppm, Ordering::Relaxed);
+    }
+
+    /// The speculative share ([`ClockPool::set_speculative_share`]).
+    pub fn speculative_share(&self) -> f64 {
+        f64::from(self.header().share_ppm.load(Ordering::Relaxed)) / 1e6
+    }
+
+    /// Slots held at low priority now.
+    pub fn low_slots(&self) -> u64 {
+        self.header().low_slots.load(Ordering::Acquire)
+    }
+
+    /// Whether low-priority slots hold more than their share.
+    fn low_over_share(&self) -> bool {
+        let keep = self.cfg.slots as u64
+            * u64::from(self.header().share_ppm.load(Ordering::Relaxed))
+            / 1_000_000;
+        self.low_slots() > keep
     }
 
     fn unpin(&self, slot: usize) {
@@ -589,19 +645,20 @@ impl ClockPool {
             let m = self.meta(s);
             if state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key) {
                 m.access.store(1, Ordering::Relaxed);
+                self.clear_low(m);
             }
         }
     }
 
-    /// The opposite of [`ClockPool::touch`]: clears the access bit of
-    /// `key`'s slot, so that CLOCK takes it before any slot with a set bit
-    /// (no second chance). A later use sets the bit again. Never an
-    /// eviction by itself.
+    /// The opposite of [`ClockPool::touch`]: holds `key`'s slot at low
+    /// priority (see [`SlotRef::cool`]). A later use makes it normal
+    /// again. Never an eviction by itself.
     pub fn cool(&self, key: &Key) {
         for s in self.candidates(hash(key)) {
             let m = self.meta(s);
             if state_of(m.ctl.load(Ordering::Acquire)) == READY && self.key_matches(m, key) {
                 m.access.store(0, Ordering::Relaxed);
+                self.mark_low(m);
             }
         }
     }
@@ -698,27 +755,56 @@ impl ClockPool {
         }
     }
 
-    /// CLOCK over bucket `b`: clears set access bits (second chance) and
-    /// claims the first clear, unreferenced, non-loading slot, moving it to
-    /// LOADING with one reference. Called under the bucket lock.
+    /// A victim in bucket `b`, moved to LOADING with one reference. Called
+    /// under the bucket lock. Slots held at low priority beyond their share
+    /// go first, with no second chance; then CLOCK over the normal slots:
+    /// a set access bit is cleared (second chance) and the first clear,
+    /// unreferenced, non-loading slot is taken; low slots within their
+    /// share are passed over, and taken only when nothing else is free.
     fn clock_victim(&self, b: usize) -> Option<usize> {
         let ways = self.cfg.ways;
         let base = b * ways;
         let hand = &self.bucket(b).hand;
+        if self.low_over_share() {
+            if let Some(s) = self.claim_low(base, hand.load(Ordering::Relaxed) as usize) {
+                return Some(s);
+            }
+        }
         for _ in 0..2 * ways + 1 {
             let i = hand.fetch_add(1, Ordering::Relaxed) as usize % ways;
             let m = self.meta(base + i);
-            if m.dirty.load(Ordering::Acquire) != 0
-                && now_ms().saturating_sub(m.claimed_ms.load(Ordering::Acquire))
-                    < self.cfg.dirty_timeout.as_millis() as u64
-            {
-                continue; // not on disk yet
+            if self.dirty_recent(m) || m.low.load(Ordering::Acquire) != 0 {
+                continue; // not on disk yet, or kept within its share
             }
             if slot::try_claim(&m.ctl, &m.access) == Claim::Claimed {
+                self.clear_low(m);
                 return Some(base + i);
             }
         }
-        None
+        self.claim_low(base, hand.load(Ordering::Relaxed) as usize)
+    }
+
+    /// Claims the first free low-priority slot of the bucket at `base`,
+    /// looking from way `from` on.
+    fn claim_low(&self, base: usize, from: usize) -> Option<usize> {
+        let ways = self.cfg.ways;
+        (0..ways).map(|j| base + (from + j) % ways).find(|&s| {
+            let m = self.meta(s);
+            let claimed = m.low.load(Ordering::Acquire) != 0
+                && !self.dirty_recent(m)
+                && slot::try_claim(&m.ctl, &m.access) == Claim::Claimed;
+            if claimed {
+                self.clear_low(m);
+            }
+            claimed
+        })
+    }
+
+    /// Dumped, not on disk yet, and within the dirty timeout: no victim.
+    fn dirty_recent(&self, m: &SlotMeta) -> bool {
+        m.dirty.load(Ordering::Acquire) != 0
+            && now_ms().saturating_sub(m.claimed_ms.load(Ordering::Acquire))
+                < self.cfg.dirty_timeout.as_millis() as u64
     }
 
     /// Waits for the load of `key` in `slot`. `Ok(None)`: look again.
@@ -800,10 +886,15 @@ impl SlotRef<'_> {
         self.slot
     }
 
-    /// Clears the slot's access bit: CLOCK takes it before any slot whose
-    /// bit is set (no second chance), until a use sets it again.
+    /// Holds the slot at low priority until a use (a pin, a touch) makes
+    /// it normal again: its access bit is cleared (no second chance) and it
+    /// counts against the speculative share
+    /// ([`ClockPool::set_speculative_share`]), beyond which such slots are
+    /// evicted before any normal one.
     pub fn cool(&self) {
-        self.pool.meta(self.slot).access.store(0, Ordering::Relaxed);
+        let m = self.pool.meta(self.slot);
+        m.access.store(0, Ordering::Relaxed);
+        self.pool.mark_low(m);
     }
 
     /// An I/O buffer over the slot, for a disk write straight from the pool.

@@ -865,6 +865,103 @@ fn low_retention_slots_are_clock_victims_before_used_ones() {
     );
 }
 
+/// The directory of `low_retention_blocks_leave_the_disk_first_...`:
+/// normal blocks 0-3, block 6 at level 1, blocks 4, 5, 7 at level 0, and
+/// block 5 promoted by a touch. Reopened under a capacity of 7 blocks (GC
+/// down to 6) with speculative share `share`; returns which blocks GC
+/// kept.
+fn gc_with_share(share: f64) -> Vec<bool> {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = small_store(&dev, dir.path(), 64, 1 << 20, 1 << 19);
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let all: Vec<u64> = (0..8).collect();
+    let src = device_kv(&dev, geo, &all);
+    dump_one_shard(&st, &src, &all, &[0, 1, 2, 3], Retain::Normal);
+    dump_one_shard(&st, &src, &all, &[6], Retain::Low(1));
+    dump_one_shard(&st, &src, &all, &[4, 5, 7], Retain::Low(0));
+    st.touch(&[id(5)]);
+    drop(st);
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    let mut dcfg = DiskConfig::new(dir.path(), geo, 7);
+    dcfg.low_watermark = 6;
+    let disk = DiskTier::open(dcfg, engine).unwrap();
+    disk.set_speculative_share(share);
+    assert_eq!(disk.speculative_share(), share.clamp(0.0, 1.0));
+    assert_eq!(disk.gc().deleted, 2);
+    disk.lookup(&all.iter().map(|&b| id(b)).collect::<Vec<_>>())
+}
+
+#[test]
+fn within_their_share_low_blocks_stay_on_disk_and_the_oldest_normal_ones_go() {
+    // Three low blocks (4, 6, 7) within a share of 7 blocks: the two
+    // oldest normal blocks (0-3 were written first) go instead.
+    let kept = gc_with_share(1.0);
+    assert!(
+        kept[4] && kept[6] && kept[7],
+        "low blocks within the share stay: {kept:?}"
+    );
+    assert!(kept[5], "the touched block is the youngest: {kept:?}");
+    assert_eq!(kept[..4].iter().filter(|&&k| !k).count(), 2, "{kept:?}");
+    // A share of 2 of the 7 blocks: one level-0 block goes (3 > 2), then
+    // the low blocks are within it (2) and a normal block goes.
+    let kept = gc_with_share(0.3);
+    assert!(kept[6], "the level-1 block outlives level 0: {kept:?}");
+    assert_eq!(!kept[4] as u8 + !kept[7] as u8, 1, "{kept:?}");
+    assert_eq!(kept[..4].iter().filter(|&&k| !k).count(), 1, "{kept:?}");
+    // Above 1 counts as 1; below 0 as 0 (low blocks first, as with no
+    // share).
+    let kept = gc_with_share(7.0);
+    assert!(kept[4] && kept[6] && kept[7], "{kept:?}");
+    let kept = gc_with_share(-1.0);
+    assert!(
+        !kept[4] && !kept[7] && kept[..4].iter().all(|&k| k),
+        "{kept:?}"
+    );
+}
+
+#[test]
+fn within_their_share_low_slots_stay_in_the_pool_and_a_use_makes_one_normal() {
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let st = small_store(&dev, dir.path(), 8, 1 << 20, 1 << 19);
+    st.set_speculative_share(1.0);
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let all: Vec<u64> = (0..12).collect();
+    let src = device_kv(&dev, geo, &all);
+    dump_one_shard(&st, &src, &all, &[0, 1, 2, 3], Retain::Normal);
+    dump_one_shard(&st, &src, &all, &[4, 5, 6, 7], Retain::Low(0));
+    assert_eq!(st.pool().low_slots(), 4);
+    dump_one_shard(&st, &src, &all, &[8, 9], Retain::Normal);
+    let in_pool = |st: &TieredBlockStore<HostDevice>| -> Vec<bool> {
+        all.iter()
+            .map(|&b| st.pool().contains(&(id(b), 0)))
+            .collect()
+    };
+    let held = in_pool(&st);
+    assert!(held[4..10].iter().all(|&x| x), "low slots kept: {held:?}");
+    assert_eq!(held[..4].iter().filter(|&&x| !x).count(), 2, "{held:?}");
+    // A touch of block 4 is a use: one low slot fewer.
+    st.touch(&[id(4)]);
+    assert_eq!(st.pool().low_slots(), 3);
+    // Share 0: the three low slots left go before the normal ones.
+    st.set_speculative_share(0.0);
+    dump_one_shard(&st, &src, &all, &[10, 11], Retain::Normal);
+    let held = in_pool(&st);
+    assert!(
+        held[4] && held[8] && held[9] && held[10] && held[11],
+        "{held:?}"
+    );
+    assert_eq!(held[5..8].iter().filter(|&&x| !x).count(), 2, "{held:?}");
+    assert_eq!(st.pool().low_slots(), 1);
+}
+
 #[test]
 fn a_task_naming_one_block_and_shard_twice_is_refused_not_hung() {
     let dev = Arc::new(HostDevice::new());

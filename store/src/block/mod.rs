@@ -82,12 +82,14 @@ pub enum Retain {
     /// Kept by recency, as every block.
     #[default]
     Normal,
-    /// Kept at a lower priority, at a level (0 lowest, up to 15): evicted
+    /// Kept at a lower priority, at a level (0 lowest, up to 15): beyond
+    /// the store's speculative share
+    /// ([`TieredBlockStore::set_speculative_share`]; 0 by default) evicted
     /// before normal data by both tiers (the pool's CLOCK gives its slots
     /// no second chance; the disk tier's GC takes its files first, lower
-    /// levels before higher ones), until a use (a load hit, a touch) makes
-    /// it normal. For data kept on speculation, such as speculative
-    /// checkpoints.
+    /// levels before higher ones), within it kept while normal data goes,
+    /// until a use (a load hit, a touch) makes it normal. For data kept on
+    /// speculation, such as speculative checkpoints.
     Low(u8),
 }
 
@@ -448,6 +450,19 @@ impl<D: Device> TieredBlockStore<D> {
     /// The memory tier.
     pub fn pool(&self) -> &ClockPool {
         &self.inner.pool
+    }
+
+    /// Sets the speculative share of the pool and the disk tier: the
+    /// fraction of each that blocks dumped at [`Retain::Low`] may fill
+    /// before they are evicted first ([`ClockPool::set_speculative_share`],
+    /// [`DiskTier::set_speculative_share`]). Clamped to 0-1; 0 (the
+    /// default): low blocks always go first. Remote tiers keep their own
+    /// policy.
+    pub fn set_speculative_share(&self, share: f64) {
+        self.inner.pool.set_speculative_share(share);
+        if let Some(d) = &self.inner.disk {
+            d.set_speculative_share(share);
+        }
     }
 
     /// Starts bringing the blocks `ids` from disk into the memory tier, in

@@ -226,13 +226,11 @@ impl DiskTier {
         };
         self.forget_all();
         let k = (found - self.cfg.low_watermark) as usize;
-        if k < files.len() {
-            files.select_nth_unstable_by_key(k, |(t, _, _)| *t);
-        }
+        let victims = self.victims(&mut files, k, SystemTime::now());
         let mut deleted = 0;
-        for (_, p, _) in files.iter().take(k) {
+        for p in victims {
             // A file already gone (another GC, another machine) is fine.
-            if iofs::remove_file(p).is_ok() {
+            if iofs::remove_file(&p).is_ok() {
                 deleted += 1;
             }
         }
@@ -244,6 +242,61 @@ impl DiskTier {
             deleted,
             leased_elsewhere: false,
         }
+    }
+
+    /// Sets the speculative share: the fraction of the high watermark
+    /// that blocks held at low priority ([`DiskTier::cool`]) may fill
+    /// before GC takes them first. Within it, GC deletes the oldest normal
+    /// blocks and keeps the low ones (unless nothing else is left); beyond
+    /// it, low blocks go first, lower levels and older ones first. 0 (the
+    /// default): low blocks always go first. Clamped to 0-1; this tier's
+    /// own setting (a tier sharing the directory collects by its own).
+    pub fn set_speculative_share(&self, share: f64) {
+        let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
+        self.share_ppm.store(ppm, Ordering::Relaxed);
+    }
+
+    /// The speculative share ([`DiskTier::set_speculative_share`]).
+    pub fn speculative_share(&self) -> f64 {
+        f64::from(self.share_ppm.load(Ordering::Relaxed)) / 1e6
+    }
+
+    /// The `k` files GC deletes out of `files` at `now`. A file is held at
+    /// low priority when its mtime lies further back than half the least
+    /// backdate [`DiskTier::cool`] gives (a block written or touched since
+    /// is younger; a normal block that old has not been used for years).
+    /// While low files number more than the share of the high watermark,
+    /// the oldest low file goes (the lowest level first: the longest
+    /// backdate); otherwise the oldest normal file, and a low one only
+    /// when no normal file is left.
+    pub(super) fn victims(
+        &self,
+        files: &mut [(SystemTime, PathBuf, u64)],
+        k: usize,
+        now: SystemTime,
+    ) -> Vec<PathBuf> {
+        let cold = now
+            .checked_sub(COLD_BACKDATE / 32)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        files.sort_unstable_by_key(|(t, _, _)| *t);
+        let split = files.partition_point(|(t, _, _)| *t < cold);
+        let (low, normal) = files.split_at(split);
+        let keep =
+            self.cfg.high_watermark * u64::from(self.share_ppm.load(Ordering::Relaxed)) / 1_000_000;
+        let (mut l, mut n) = (0usize, 0usize);
+        let mut out = Vec::with_capacity(k.min(files.len()));
+        while out.len() < k && l + n < low.len() + normal.len() {
+            let low_left = (low.len() - l) as u64;
+            let take_low = l < low.len() && (low_left > keep || n == normal.len());
+            if take_low {
+                out.push(low[l].1.clone());
+                l += 1;
+            } else {
+                out.push(normal[n].1.clone());
+                n += 1;
+            }
+        }
+        out
     }
 
     pub(super) fn lease_path(&self) -> PathBuf {

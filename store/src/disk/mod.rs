@@ -56,7 +56,7 @@ use write::add_dir;
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -223,6 +223,9 @@ pub struct DiskTier {
     /// its writes durable that way ([`SyncMode`]); `None`: an fsync per
     /// file and directory.
     fs_sync: Option<IoDir>,
+    /// The speculative share ([`DiskTier::set_speculative_share`]), in
+    /// millionths of the high watermark.
+    share_ppm: AtomicU32,
 }
 
 /// Lookups of at least this many unknown ids stat them on two threads.
@@ -319,6 +322,7 @@ impl DiskTier {
         );
         Ok(DiskTier {
             fs_sync,
+            share_ppm: AtomicU32::new(0),
             unnamed: std::sync::atomic::AtomicBool::new(cfg.unnamed_tmp),
             cfg,
             engine,
