@@ -70,6 +70,7 @@ pub mod adapter;
 pub mod ceiling;
 pub mod directory;
 pub mod error;
+pub mod ghosts;
 pub mod group;
 pub mod hash;
 pub mod id;

@@ -215,6 +215,12 @@ pub enum WireError {
     /// A request id that is not UTF-8.
     #[error("a request id is not UTF-8")]
     IdNotUtf8,
+    /// A speculative share above 1.
+    #[error("a speculative share of {ppm} millionths is above 1")]
+    Share {
+        /// The share word found.
+        ppm: u32,
+    },
     /// Hashes or seeds for another number of groups.
     #[error("{what} of {got} groups for a spec of {groups}")]
     GroupCount {

@@ -19,7 +19,13 @@ use crate::error::{FfiError, Result, WireError};
 const MAGIC: &[u8; 4] = b"UCMM";
 /// 2: each saved state carries its retention priority (a byte: [`SURE`],
 /// or a speculative level up to [`MAX_LEVEL`]).
-const VERSION: u32 = 2;
+/// 3: the step carries the speculative share after its number (a u32 of
+/// millionths, [`NO_SHARE`] for none).
+const VERSION: u32 = 3;
+/// The share word of a step that leaves the share as it is.
+const NO_SHARE: u32 = u32::MAX;
+/// The share word of a share of 1.
+const WHOLE_SHARE: u32 = 1_000_000;
 /// The priority byte of a sure checkpoint.
 const SURE: u8 = 255;
 
@@ -59,6 +65,10 @@ pub fn encode(meta: &ConnectorMeta) -> Vec<u8> {
     w.0.extend_from_slice(MAGIC);
     w.u32(VERSION);
     w.u64(meta.step);
+    w.u32(match meta.speculative_share {
+        Some(share) => (share.clamp(0.0, 1.0) * f64::from(WHOLE_SHARE)).round() as u32,
+        None => NO_SHARE,
+    });
     let reqs: Vec<&ReqMeta> = meta.requests.iter().filter(|r| has_work(r)).collect();
     w.len(reqs.len());
     for r in reqs {
@@ -199,6 +209,11 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
         }));
     }
     let step = r.u64()?;
+    let speculative_share = match r.u32()? {
+        NO_SHARE => None,
+        ppm if ppm <= WHOLE_SHARE => Some(f64::from(ppm) / f64::from(WHOLE_SHARE)),
+        ppm => return Err(bad(WireError::Share { ppm })),
+    };
     let n = r.count(8)?;
     let groups = spec.groups().len();
     let mut requests = Vec::with_capacity(n);
@@ -326,7 +341,11 @@ pub fn decode(spec: &SpecTable, buf: &[u8]) -> Result<Arc<ConnectorMeta>> {
             bytes: buf.len() - r.at,
         }));
     }
-    Ok(Arc::new(ConnectorMeta { step, requests }))
+    Ok(Arc::new(ConnectorMeta {
+        step,
+        requests,
+        speculative_share,
+    }))
 }
 
 #[cfg(test)]
@@ -386,6 +405,7 @@ layers = "1"
         ConnectorMeta {
             step: 5,
             requests: vec![req("a", Some((8, 0))), idle, req("b", None)],
+            speculative_share: Some(0.25),
         }
     }
 
@@ -395,6 +415,15 @@ layers = "1"
         let m = sample(&spec);
         let d = decode(&spec, &encode(&m)).unwrap();
         assert_eq!(d.step, 5);
+        assert_eq!(d.speculative_share, Some(0.25));
+        let none = ConnectorMeta {
+            speculative_share: None,
+            ..m.clone()
+        };
+        assert_eq!(
+            decode(&spec, &encode(&none)).unwrap().speculative_share,
+            None
+        );
         let ids: Vec<&str> = d.requests.iter().map(|r| r.id.as_str()).collect();
         assert_eq!(ids, ["a", "b"]);
         let (a, orig) = (&d.requests[0], &m.requests[0]);
@@ -406,6 +435,20 @@ layers = "1"
         assert_eq!(a.load, Some((8, 0)));
         assert_eq!(a.save_blocks, orig.save_blocks);
         assert_eq!(a.save_states, orig.save_states);
+    }
+
+    #[test]
+    fn a_share_above_one_is_refused() {
+        let spec = SpecTable::from_toml(SPEC).unwrap();
+        let mut bytes = encode(&sample(&spec));
+        // The share word follows the magic, the version and the step.
+        bytes[16..20].copy_from_slice(&(WHOLE_SHARE + 1).to_le_bytes());
+        match decode(&spec, &bytes) {
+            Err(FfiError::Wire(WireError::Share { ppm })) => assert_eq!(ppm, WHOLE_SHARE + 1),
+            other => panic!("{other:?}"),
+        }
+        bytes[16..20].copy_from_slice(&WHOLE_SHARE.to_le_bytes());
+        assert_eq!(decode(&spec, &bytes).unwrap().speculative_share, Some(1.0));
     }
 
     #[test]

@@ -353,6 +353,7 @@ fn a_block_without_an_id_is_reported_not_skipped() {
     let meta = Arc::new(ucm_coordinator::adapter::ConnectorMeta {
         step: meta.step,
         requests: vec![r],
+        speculative_share: meta.speculative_share,
     });
     let w = &mut e.ranks()[0].worker;
     w.start_load_kv(meta).unwrap();
@@ -410,4 +411,27 @@ fn decoded_tokens_are_saved_so_the_next_turn_hits_through_the_answer() {
     // Without decoding, the prompt's end aligned down (96).
     let without = turn(false);
     assert_eq!((without.matched, without.served), (96, 96));
+}
+
+#[test]
+fn workers_give_every_tier_the_schedulers_speculative_share() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut e = engine("all_union", tmp.path());
+    for g in e.spec().groups().to_vec() {
+        if let Some(t) = e.stores().tier(g.index) {
+            assert_eq!(t.pool().speculative_share(), 0.0, "the store's default");
+        }
+    }
+    run(&mut e, "a", &tokens(3, 80));
+    let share = e.scheduler().speculative_share();
+    assert_eq!(share, 0.5, "no evidence yet");
+    let mut tiers = 0;
+    for g in e.spec().groups().to_vec() {
+        if let Some(t) = e.stores().tier(g.index) {
+            assert_eq!(t.pool().speculative_share(), share, "{}", g.name);
+            assert_eq!(t.disk().unwrap().speculative_share(), share, "{}", g.name);
+            tiers += 1;
+        }
+    }
+    assert!(tiers >= 2);
 }

@@ -15,11 +15,12 @@ use std::sync::Arc;
 use crate::ceiling::{HitCeiling, DEFAULT_BOUND};
 use crate::directory::CheckpointDirectory;
 use crate::error::{CoordError, MetaProblem, RequestError, Result};
-use crate::hash::{Deployment, RequestHashes, RequestKeys};
+use crate::ghosts::{SavedLog, WithSaved, DEFAULT_SAVED_KEYS};
+use crate::hash::{checkpoint_hash, Deployment, RequestHashes, RequestKeys};
 use crate::resolve::{resolve_positions, Presence};
 use crate::retention::{
     checkpoint_grid, joint_plan, plan, speculative_plan, speculative_spacing, JunctionLog,
-    Priority, RecurrenceTracker,
+    Priority, RecurrenceTracker, SpeculativeBudget,
 };
 use crate::spec::{Kind, SpecTable};
 
@@ -173,6 +174,10 @@ pub struct ConnectorMeta {
     pub step: u64,
     /// Per scheduled request.
     pub requests: Vec<ReqMeta>,
+    /// The speculative share the workers give their tiers
+    /// ([`crate::adapter::StoreSet::set_speculative_share`]), from the
+    /// scheduler's [`SpeculativeBudget`]; `None`: leave it as it is.
+    pub speculative_share: Option<f64>,
 }
 
 struct ReqState {
@@ -211,6 +216,8 @@ pub struct Scheduler<P: Presence> {
     tracker: RecurrenceTracker,
     junctions: HashMap<usize, JunctionLog>,
     ceiling: HitCeiling,
+    saved: SavedLog,
+    budget: SpeculativeBudget,
     reqs: HashMap<String, ReqState>,
     step: u64,
     fold: bool,
@@ -234,6 +241,8 @@ impl<P: Presence> Scheduler<P> {
             tracker: RecurrenceTracker::new(4096),
             junctions: HashMap::new(),
             ceiling,
+            saved: SavedLog::new(DEFAULT_SAVED_KEYS),
+            budget: SpeculativeBudget::new(),
             reqs: HashMap::new(),
             step: 0,
             fold: false,
@@ -354,6 +363,9 @@ impl<P: Presence> Scheduler<P> {
             (r.l, r.p_star)
         };
         if !self.reqs.contains_key(&req.id) {
+            if p_star < n as u64 && !self.saved.is_empty() {
+                self.observe_ghosts(visible, &hashes, p_star.max(num_computed))?;
+            }
             let plans = if self.fold {
                 self.fold_plans(n as u64, p_star)
             } else {
@@ -385,6 +397,46 @@ impl<P: Presence> Scheduler<P> {
         st.p_star = p_star;
         st.num_computed = num_computed;
         Ok((p_star.saturating_sub(num_computed), false))
+    }
+
+    /// Feeds the speculative budget (module [`crate::ghosts`]): how much
+    /// further than `served` the saved-but-gone speculative checkpoints,
+    /// and the saved-but-gone sure data, would have served the request
+    /// (a gain that needs both counts for both), in bytes of K/V.
+    fn observe_ghosts(
+        &mut self,
+        visible: &[u32],
+        hashes: &RequestHashes,
+        served: u64,
+    ) -> Result<()> {
+        if (visible.len() as u64) < self.spec.chain_grid().max(1) {
+            return Ok(());
+        }
+        let probe = |speculative: bool, sure: bool| -> Result<u64> {
+            let with = WithSaved {
+                presence: self.presence.as_ref(),
+                checkpoints: self.directory.as_ref(),
+                log: &self.saved,
+                speculative,
+                sure,
+            };
+            let r = resolve_positions(&self.spec, visible, hashes, &with, &with)?;
+            Ok(r.p_star.saturating_sub(served))
+        };
+        let (spec_only, sure_only) = (probe(true, false)?, probe(false, true)?);
+        let both = probe(true, true)?.saturating_sub(spec_only.max(sure_only));
+        let per_token = self.spec.kv_bytes_per_token();
+        self.budget.observe(
+            (spec_only + both) * per_token,
+            (sure_only + both) * per_token,
+        );
+        Ok(())
+    }
+
+    /// The share of each tier that speculative checkpoints may keep, from
+    /// the evidence so far ([`SpeculativeBudget::share`]; 1/2 before any).
+    pub fn speculative_share(&self) -> f64 {
+        self.budget.share()
     }
 
     /// Records where the engine placed the request's blocks and how many
@@ -514,7 +566,11 @@ impl<P: Presence> Scheduler<P> {
         let spec = Arc::clone(&self.spec);
         let mut requests = Vec::new();
         for c in chunks {
-            let st = self.state(&c.req)?;
+            let st = self.reqs.get_mut(&c.req).ok_or_else(|| {
+                CoordError::BadRequest(RequestError::UnknownRequest {
+                    request: c.req.clone(),
+                })
+            })?;
             let n = st.req.tokens.len() as u64;
             if c.start > c.end || c.end > n {
                 return Err(CoordError::BadRequest(RequestError::ChunkOutside {
@@ -540,6 +596,11 @@ impl<P: Presence> Scheduler<P> {
                 let allocated = alloc.blocks.get(&g.index).map_or(0, Vec::len);
                 let to = ((c.end / b) as usize).min(allocated);
                 if to > from {
+                    for ids in &st.hashes.chains[g.index] {
+                        for id in ids.get(from..to.min(ids.len())).unwrap_or_default() {
+                            self.saved.block(g.index, *id);
+                        }
+                    }
                     save_blocks.push((g.index, from..to));
                     st.saved_to.insert(g.index, to);
                 }
@@ -556,6 +617,21 @@ impl<P: Presence> Scheduler<P> {
                 })
                 .collect();
             save_states.sort_by_key(|s| s.group);
+            for save in &save_states {
+                let g = &spec.groups()[save.group];
+                let h = &st.hashes;
+                for (r, ids) in h.chains[save.group].iter().enumerate() {
+                    let key = checkpoint_hash(
+                        &h.seeds[save.group][r],
+                        ids,
+                        &st.req.tokens,
+                        g.hash_block,
+                        save.position,
+                    )?;
+                    let speculative = matches!(save.priority, Priority::Speculative(_));
+                    self.saved.state(save.group, key, speculative);
+                }
+            }
             requests.push(ReqMeta {
                 id: c.req.clone(),
                 tokens: Arc::clone(&st.req.tokens),
@@ -569,6 +645,7 @@ impl<P: Presence> Scheduler<P> {
         Ok(Arc::new(ConnectorMeta {
             step: self.step,
             requests,
+            speculative_share: (!self.fold).then(|| self.budget.share()),
         }))
     }
 

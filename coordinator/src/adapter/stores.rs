@@ -303,6 +303,19 @@ impl<D: Device> StoreSet<D> {
         &self.dir
     }
 
+    /// Sets the speculative share of every group's pool and disk tier
+    /// ([`TieredBlockStore::set_speculative_share`]): the fraction of each
+    /// that speculative checkpoints may keep before they are evicted
+    /// first.
+    pub fn set_speculative_share(&self, share: f64) {
+        for s in self.chain.values() {
+            s.set_speculative_share(share);
+        }
+        for s in self.snap.values() {
+            s.blocks().set_speculative_share(share);
+        }
+    }
+
     /// Marks this deployment's identity as used (at most every
     /// [`super::identities::TOUCH_EVERY`]; a no-op without one).
     pub fn note_use(&self) {

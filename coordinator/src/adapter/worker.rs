@@ -242,6 +242,8 @@ pub struct Worker<D: Device> {
     last_loaded: HashSet<(usize, Id, u32)>,
     loaded: Vec<String>,
     metrics: Arc<AdapterMetrics>,
+    /// The speculative share last given to the stores.
+    share: Option<f64>,
 }
 
 impl<D: Device> Worker<D> {
@@ -288,6 +290,7 @@ impl<D: Device> Worker<D> {
             failed: Vec::new(),
             loaded: Vec::new(),
             metrics: Arc::new(AdapterMetrics::default()),
+            share: None,
         })
     }
 
@@ -451,6 +454,12 @@ impl<D: Device> Worker<D> {
             self.wait_for_save()?;
         }
         self.stores.note_use();
+        if let Some(share) = meta.speculative_share {
+            if self.share != Some(share) {
+                self.stores.set_speculative_share(share);
+                self.share = Some(share);
+            }
+        }
         self.step = Some(Step {
             meta,
             next: 0,
