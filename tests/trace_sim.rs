@@ -502,8 +502,8 @@ fn a_planted_bug_in_the_byte_moving_run_fails_the_check() {
     assert!(v["disagreements"].as_u64().unwrap() > 0, "{v}");
 }
 
-/// A fixed speculative share (`--speculative-share`): at 0, what the
-/// store's tiers do, A's speculative states go before any of its K/V, and
+/// A fixed speculative share (`--speculative-share`): at 0, the stores'
+/// rule before D82, A's speculative states go before any of its K/V, and
 /// B, which needs A's state at a grid point of the shared prefix, is
 /// served less than when they may fill the tiers (1).
 #[test]
@@ -520,7 +520,7 @@ fn a_fixed_speculative_share_of_zero_evicts_speculative_states_first() {
     let (none, all) = (at(Some(0.0)), at(Some(1.0)));
     assert!(none[1] < all[1], "share 0: {none:?}, share 1: {all:?}");
     assert_eq!(all, [0, 768, 0]);
-    // The ghosts' share, on evidence that speculative data serves here,
-    // does as well as keeping it all.
+    // The scheduler's share, on evidence that speculative data serves
+    // here, does as well as keeping it all.
     assert_eq!(at(None), all);
 }

@@ -155,3 +155,29 @@ fn gone_speculative_checkpoints_raise_the_share_and_gone_blocks_lower_it() {
     assert!(hit > 0);
     assert_eq!(s.speculative_share(), 0.5);
 }
+
+#[test]
+fn saves_recorded_without_step_metadata_count_the_same_and_the_bound_forgets_them() {
+    // The replay's engine model saves without step metadata: the record
+    // it gives the scheduler must serve as build_meta's does.
+    let t = prompt(1);
+    let n = t.len() as u64;
+    let share_after = |bound_blocks: Option<u64>| {
+        let dir = Arc::new(CheckpointDirectory::new());
+        let mut s = Scheduler::new(Arc::new(x_hybrid()), DEP, Arc::new(a_blocks()), dir);
+        if let Some(b) = bound_blocks {
+            s.bound_saved_to_disk(b);
+        }
+        s.get_num_new_matched_tokens(&request("a", &t), 0).unwrap();
+        s.record_saved("a", 0, 0, n).unwrap();
+        s.request_finished("a");
+        s.get_num_new_matched_tokens(&request("b", &prompt(2)), 0)
+            .unwrap();
+        s.speculative_share()
+    };
+    assert_eq!(share_after(None), 1.0);
+    // Tiers of a few hundred blocks per group remember all of "a".
+    assert_eq!(share_after(Some(1000)), 1.0);
+    // Tiers of no blocks remember nothing: no evidence.
+    assert_eq!(share_after(Some(0)), 0.5);
+}

@@ -310,13 +310,17 @@ impl Cache {
 
     /// The scheduler side of this cache.
     pub fn scheduler(self: &Arc<Self>) -> SchedulerSide {
+        let mut inner = Scheduler::new(
+            Arc::clone(&self.spec),
+            self.dep,
+            Arc::new(CachePresence(Arc::clone(self))),
+            Arc::clone(&self.directory),
+        );
+        if !self.opts.store.no_disk {
+            inner.bound_saved_to_disk(self.opts.store.disk_blocks);
+        }
         SchedulerSide {
-            inner: Scheduler::new(
-                Arc::clone(&self.spec),
-                self.dep,
-                Arc::new(CachePresence(Arc::clone(self))),
-                Arc::clone(&self.directory),
-            ),
+            inner,
             cache: Arc::clone(self),
         }
     }

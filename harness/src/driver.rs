@@ -401,6 +401,9 @@ impl<D: Device> Engine<D> {
             Arc::clone(&directory),
         );
         sched.set_fold_retention(cfg.fold);
+        if !cfg.stores.no_disk {
+            sched.bound_saved_to_disk(cfg.stores.disk_blocks);
+        }
         let alloc = BlockAllocator::new(&spec, cfg.max_tokens, cfg.slots, cfg.seed);
         let layers = spec.layer_count();
         if cfg.pp > layers.max(1) {

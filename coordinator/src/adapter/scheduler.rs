@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::ceiling::{HitCeiling, DEFAULT_BOUND};
 use crate::directory::CheckpointDirectory;
 use crate::error::{CoordError, MetaProblem, RequestError, Result};
-use crate::ghosts::{SavedLog, WithSaved, DEFAULT_SAVED_KEYS};
+use crate::ghosts::{SavedLog, WithSaved};
 use crate::hash::{checkpoint_hash, Deployment, RequestHashes, RequestKeys};
 use crate::resolve::{resolve_positions, Presence};
 use crate::retention::{
@@ -207,6 +207,24 @@ fn servable_boundary(g: &crate::spec::Group, common: u64, b: u64, n: u64) -> u64
     n.saturating_sub(1) / grid * grid
 }
 
+/// Per group of `spec`: bytes of one block over all its layers (chain,
+/// sidecar) or of one state (snapshot); 0 for `none` groups.
+fn unit_bytes(spec: &SpecTable) -> Vec<u64> {
+    spec.groups()
+        .iter()
+        .map(|g| {
+            let layers = g.layers.len() as u64;
+            match g.kind {
+                Kind::Chain | Kind::Sidecar => {
+                    g.bytes_per_layer_block(spec.block_of(g.index)) * layers
+                }
+                Kind::Snapshot => g.unit_bytes * layers,
+                Kind::None => 0,
+            }
+        })
+        .collect()
+}
+
 /// The scheduler side.
 pub struct Scheduler<P: Presence> {
     spec: Arc<SpecTable>,
@@ -217,6 +235,8 @@ pub struct Scheduler<P: Presence> {
     junctions: HashMap<usize, JunctionLog>,
     ceiling: HitCeiling,
     saved: SavedLog,
+    /// Per group: bytes of one block (all layers) or one state.
+    unit_bytes: Vec<u64>,
     budget: SpeculativeBudget,
     reqs: HashMap<String, ReqState>,
     step: u64,
@@ -233,6 +253,7 @@ impl<P: Presence> Scheduler<P> {
         directory: Arc<CheckpointDirectory>,
     ) -> Self {
         let ceiling = HitCeiling::new(&spec, DEFAULT_BOUND);
+        let unit_bytes = unit_bytes(&spec);
         Scheduler {
             spec,
             dep,
@@ -241,7 +262,8 @@ impl<P: Presence> Scheduler<P> {
             tracker: RecurrenceTracker::new(4096),
             junctions: HashMap::new(),
             ceiling,
-            saved: SavedLog::new(DEFAULT_SAVED_KEYS),
+            saved: SavedLog::default(),
+            unit_bytes,
             budget: SpeculativeBudget::new(),
             reqs: HashMap::new(),
             step: 0,
@@ -433,6 +455,71 @@ impl<P: Presence> Scheduler<P> {
         Ok(())
     }
 
+    /// Bounds the record of saved keys to twice the bytes of tiers that
+    /// hold `disk_blocks` blocks (or states) of every group, as each
+    /// group's disk tier does ([`crate::adapter::StoreSetConfig::disk_blocks`]).
+    pub fn bound_saved_to_disk(&mut self, disk_blocks: u64) {
+        let per_block: u64 = self.unit_bytes.iter().sum();
+        self.saved
+            .set_bound(disk_blocks.saturating_mul(per_block).saturating_mul(2));
+    }
+
+    /// Records as saved what a worker saves of `req_id` without step
+    /// metadata (an engine model such as the replay's): every whole chain
+    /// and sidecar block inside tokens `[blocks_from, to)` and every
+    /// planned checkpoint at a position in `(states_after, to]`.
+    pub fn record_saved(
+        &mut self,
+        req_id: &str,
+        blocks_from: u64,
+        states_after: u64,
+        to: u64,
+    ) -> Result<()> {
+        let spec = Arc::clone(&self.spec);
+        let st = self.reqs.get(req_id).ok_or_else(|| {
+            CoordError::BadRequest(RequestError::UnknownRequest {
+                request: req_id.to_string(),
+            })
+        })?;
+        for g in spec.groups() {
+            if !matches!(g.kind, Kind::Chain | Kind::Sidecar) {
+                continue;
+            }
+            let b = spec.block_of(g.index).max(1);
+            let (first, end) = (blocks_from.div_ceil(b) as usize, (to / b) as usize);
+            for ids in &st.hashes.chains[g.index] {
+                for id in ids.get(first..end.min(ids.len())).unwrap_or_default() {
+                    self.saved.block(g.index, *id, self.unit_bytes[g.index]);
+                }
+            }
+        }
+        for (g, ps) in &st.plan {
+            let group = &spec.groups()[*g];
+            for (&p, priority) in ps.range(states_after + 1..=to) {
+                for (r, ids) in st.hashes.chains[*g].iter().enumerate() {
+                    let key = checkpoint_hash(
+                        &st.hashes.seeds[*g][r],
+                        ids,
+                        &st.req.tokens,
+                        group.hash_block,
+                        p,
+                    )?;
+                    let speculative = matches!(priority, Priority::Speculative(_));
+                    self.saved.state(*g, key, self.unit_bytes[*g], speculative);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bounds the record of saved keys (module [`crate::ghosts`]) to
+    /// `bytes` of data of each kind; twice what the tiers hold remembers
+    /// about as much lost data as they keep. Unbounded by default (up to
+    /// [`crate::ghosts::MAX_SAVED_KEYS`] keys).
+    pub fn set_saved_bound(&mut self, bytes: u64) {
+        self.saved.set_bound(bytes);
+    }
+
     /// The share of each tier that speculative checkpoints may keep, from
     /// the evidence so far ([`SpeculativeBudget::share`]; 1/2 before any).
     pub fn speculative_share(&self) -> f64 {
@@ -598,7 +685,7 @@ impl<P: Presence> Scheduler<P> {
                 if to > from {
                     for ids in &st.hashes.chains[g.index] {
                         for id in ids.get(from..to.min(ids.len())).unwrap_or_default() {
-                            self.saved.block(g.index, *id);
+                            self.saved.block(g.index, *id, self.unit_bytes[g.index]);
                         }
                     }
                     save_blocks.push((g.index, from..to));
@@ -629,7 +716,8 @@ impl<P: Presence> Scheduler<P> {
                         save.position,
                     )?;
                     let speculative = matches!(save.priority, Priority::Speculative(_));
-                    self.saved.state(save.group, key, speculative);
+                    let bytes = self.unit_bytes[save.group];
+                    self.saved.state(save.group, key, bytes, speculative);
                 }
             }
             requests.push(ReqMeta {

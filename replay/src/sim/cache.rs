@@ -211,6 +211,11 @@ impl PriorityCache {
         self.sure.held() + self.spec_held
     }
 
+    /// The capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Bytes of speculative units held.
     pub fn speculative_held(&self) -> u64 {
         self.spec_held
@@ -319,68 +324,6 @@ impl PriorityCache {
     }
 }
 
-/// Units recently evicted (keys only), up to a byte bound, oldest
-/// forgotten first: what a cache would still hold had it been bigger.
-#[derive(Debug)]
-pub struct Ghosts {
-    bound: u64,
-    bytes: u64,
-    clock: u64,
-    fifo: VecDeque<(u64, Unit)>,
-    set: HashMap<Unit, (u64, u64)>,
-}
-
-impl Ghosts {
-    /// Remembers evicted units of up to `bound` bytes.
-    pub fn new(bound: u64) -> Self {
-        Ghosts {
-            bound,
-            bytes: 0,
-            clock: 0,
-            fifo: VecDeque::new(),
-            set: HashMap::new(),
-        }
-    }
-
-    /// Was `u` evicted recently?
-    pub fn contains(&self, u: &Unit) -> bool {
-        self.set.contains_key(u)
-    }
-
-    /// Records `u` of `bytes` as evicted.
-    pub fn add(&mut self, u: Unit, bytes: u64) {
-        if self.set.contains_key(&u) {
-            return;
-        }
-        self.clock += 1;
-        self.set.insert(u, (self.clock, bytes));
-        self.fifo.push_back((self.clock, u));
-        self.bytes += bytes;
-        while self.bytes > self.bound {
-            let Some((stamp, v)) = self.fifo.pop_front() else {
-                break;
-            };
-            if self.set.get(&v).is_some_and(|e| e.0 == stamp) {
-                if let Some((_, b)) = self.set.remove(&v) {
-                    self.bytes -= b;
-                }
-            }
-        }
-        if self.fifo.len() > 2 * self.set.len() + 1024 {
-            let set = &self.set;
-            self.fifo
-                .retain(|(stamp, v)| set.get(v).is_some_and(|e| e.0 == *stamp));
-        }
-    }
-
-    /// `u` is cached again: no longer a ghost.
-    pub fn remove(&mut self, u: &Unit) {
-        if let Some((_, b)) = self.set.remove(u) {
-            self.bytes -= b;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -477,19 +420,5 @@ mod tests {
         // 10 speculative bytes within a share of 20: the oldest sure goes.
         assert_eq!(gone, vec![(b(2), false)]);
         assert_eq!(c.speculative_held(), 10);
-    }
-
-    #[test]
-    fn ghosts_remember_evicted_units_within_their_bound() {
-        let mut g = Ghosts::new(20);
-        g.add(b(1), 10);
-        g.add(b(2), 10);
-        assert!(g.contains(&b(1)) && g.contains(&b(2)));
-        g.add(b(3), 10);
-        assert!(!g.contains(&b(1)), "the oldest is forgotten past the bound");
-        g.remove(&b(2));
-        assert!(!g.contains(&b(2)));
-        g.add(b(4), 10);
-        assert!(g.contains(&b(3)) && g.contains(&b(4)));
     }
 }

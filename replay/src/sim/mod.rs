@@ -368,7 +368,7 @@ impl Sim {
         };
         let (tier_hit, loaded) = match &mut self.offload {
             Offload::Ucm(u) => {
-                let h = u.hit(m, r, k, e)?;
+                let h = u.hit(r, k, e)?;
                 let l = if h > e {
                     u.load(m, r, e, h)
                 } else {

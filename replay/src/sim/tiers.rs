@@ -3,15 +3,16 @@
 //! memory. UCM's pool and disk tier, and LMCache's CPU and disk backends.
 //!
 //! Each tier keeps speculative checkpoints at a lower priority
-//! ([`PriorityCache`]) within the share of its capacity that the tiers'
-//! [`SpeculativeBudget`] gives them; what leaves both tiers is remembered
-//! as a ghost of its priority ([`Ghosts`], as many bytes as the disk
-//! holds), so that a request can tell which kind of data, kept longer,
-//! would have served it further.
+//! ([`PriorityCache`]) within a share of its capacity: the scheduler's
+//! ([`Scheduler::speculative_share`], from what it saved and the tiers no
+//! longer hold, as the store's workers receive it), or one fixed by the
+//! caller.
 
-use super::cache::{Ghosts, PriorityCache, Unit};
+#[allow(unused_imports)] // named in docs
+use ucm_coordinator::adapter::Scheduler;
+
+use super::cache::{PriorityCache, Unit};
 use super::units::Model;
-use ucm_coordinator::retention::SpeculativeBudget;
 
 /// Bytes a load took from each tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,37 +31,36 @@ pub struct Tiers {
     /// The disk tier (oldest first, down to 90% of the capacity),
     /// speculative units first.
     pub disk: PriorityCache,
-    budget: SpeculativeBudget,
-    /// A share fixed by the caller instead of the budget's.
+    /// The speculative share now.
+    share: f64,
+    /// A share fixed by the caller instead of the scheduler's.
     fixed: Option<f64>,
-    /// Speculative units that left both tiers.
-    pub spec_ghosts: Ghosts,
-    /// Sure units that left both tiers.
-    pub sure_ghosts: Ghosts,
 }
 
 impl Tiers {
-    /// Tiers of `pool` and `disk` bytes, whose speculative share follows
-    /// the ghosts ([`SpeculativeBudget`]).
+    /// Tiers of `pool` and `disk` bytes, whose speculative share is 1/2
+    /// until [`Tiers::follow_share`] sets it.
     pub fn new(pool: u64, disk: u64) -> Self {
         Self::with_share(pool, disk, None)
     }
 
     /// Tiers of `pool` and `disk` bytes; `share`: the speculative share,
     /// fixed (clamped to 0-1; 0: speculative units are evicted before any
-    /// sure unit), or `None` to follow the ghosts.
+    /// sure unit), or `None` to follow [`Tiers::follow_share`].
     pub fn with_share(pool: u64, disk: u64, share: Option<f64>) -> Self {
-        let bound = pool.max(disk);
         let mut t = Tiers {
             pool: PriorityCache::new(pool, 1.0),
             disk: PriorityCache::new(disk, 0.9),
-            budget: SpeculativeBudget::new(),
+            share: 0.5,
             fixed: share.map(|s| s.clamp(0.0, 1.0)),
-            spec_ghosts: Ghosts::new(bound),
-            sure_ghosts: Ghosts::new(bound),
         };
         t.apply_share();
         t
+    }
+
+    /// The larger tier's bytes.
+    pub fn capacity(&self) -> u64 {
+        self.pool.capacity().max(self.disk.capacity())
     }
 
     /// Gives both tiers the current speculative share.
@@ -77,13 +77,13 @@ impl Tiers {
 
     /// The share of each tier speculative units may keep.
     pub fn speculative_share(&self) -> f64 {
-        self.fixed.unwrap_or_else(|| self.budget.share())
+        self.fixed.unwrap_or(self.share)
     }
 
-    /// One request's evidence for the budget: bytes of recompute a
-    /// speculative ghost and a sure ghost would have saved it.
-    pub fn observe(&mut self, speculative_gain: u64, sure_gain: u64) {
-        self.budget.observe(speculative_gain, sure_gain);
+    /// Gives the tiers the scheduler's share (clamped to 0-1), unless the
+    /// caller fixed one.
+    pub fn follow_share(&mut self, share: f64) {
+        self.share = share.clamp(0.0, 1.0);
         self.apply_share();
     }
 
@@ -104,7 +104,7 @@ impl Tiers {
                     .insert(*u, m.bytes(u), None, |v, s| evicted.push((v, s)));
             }
         }
-        self.settle(m, evicted, &mut gone);
+        self.settle(evicted, &mut gone);
         got
     }
 
@@ -114,24 +114,16 @@ impl Tiers {
         let mut evicted = Vec::new();
         for &(u, level) in units {
             let b = m.bytes(&u);
-            self.spec_ghosts.remove(&u);
-            self.sure_ghosts.remove(&u);
             self.pool.insert(u, b, level, |v, s| evicted.push((v, s)));
             self.disk.insert(u, b, level, |v, s| evicted.push((v, s)));
         }
-        self.settle(m, evicted, &mut gone);
+        self.settle(evicted, &mut gone);
     }
 
-    /// Units evicted from a tier: those in neither tier now are gone, and
-    /// become ghosts of their priority.
-    fn settle(&mut self, m: &Model, evicted: Vec<(Unit, bool)>, gone: &mut impl FnMut(Unit)) {
-        for (v, speculative) in evicted {
+    /// Units evicted from a tier: those in neither tier now are gone.
+    fn settle(&mut self, evicted: Vec<(Unit, bool)>, gone: &mut impl FnMut(Unit)) {
+        for (v, _) in evicted {
             if !self.contains(&v) {
-                if speculative {
-                    self.spec_ghosts.add(v, m.bytes(&v));
-                } else {
-                    self.sure_ghosts.add(v, m.bytes(&v));
-                }
                 gone(v);
             }
         }

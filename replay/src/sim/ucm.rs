@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::cache::Unit;
 use super::tiers::{Loaded, Tiers};
-use super::units::{Held, Model};
+use super::units::Model;
 use super::{Saved, SimRequest};
 use ucm_coordinator::adapter::{EngineRequest, Scheduler};
 use ucm_coordinator::resolve::Presence;
@@ -62,7 +62,8 @@ pub struct UcmTiers {
 impl UcmTiers {
     /// Tiers of `pool` and `disk` bytes; `fold` selects the predecessor's
     /// retention, `decode` keeps decode output (ignored with `fold`),
-    /// `share` fixes the tiers' speculative share (`None`: set by ghosts).
+    /// `share` fixes the tiers' speculative share (`None`: the
+    /// scheduler's, from what it saved and the tiers lost).
     pub fn new(
         m: &Model,
         pool: u64,
@@ -80,6 +81,9 @@ impl UcmTiers {
             Arc::clone(&dir),
         );
         sched.set_fold_retention(fold);
+        // Twice what the tiers hold: the record remembers about as much
+        // lost data as the tiers keep.
+        sched.set_saved_bound(2 * locked(&tiers).capacity());
         UcmTiers {
             tiers,
             sched,
@@ -94,16 +98,9 @@ impl UcmTiers {
     }
 
     /// `p*` for request number `k`, the engine holding `engine_hit` tokens.
-    /// Also feeds the tiers' speculative budget: how much further the
-    /// request would have been served had the tiers kept their recently
-    /// evicted speculative checkpoints, or their sure data.
-    pub fn hit(
-        &mut self,
-        m: &Model,
-        r: &SimRequest,
-        k: usize,
-        engine_hit: u64,
-    ) -> Result<u64, CoordError> {
+    /// The scheduler's resolution also feeds its speculative budget, whose
+    /// share the tiers then follow.
+    pub fn hit(&mut self, r: &SimRequest, k: usize, engine_hit: u64) -> Result<u64, CoordError> {
         let req = EngineRequest {
             id: Self::id(k),
             tokens: Arc::new(r.prompt().to_vec()),
@@ -111,27 +108,9 @@ impl UcmTiers {
         };
         self.sched.get_num_new_matched_tokens(&req, engine_hit)?;
         let p = self.sched.resolution(&req.id).map_or(0, |(_, p)| p);
-        let served = p.max(engine_hit);
-        let t = locked(&self.tiers);
-        let probe = |spec: bool, sure: bool| -> Result<u64, CoordError> {
-            let held = Held(|u: &Unit| {
-                t.contains(u)
-                    || (spec && t.spec_ghosts.contains(u))
-                    || (sure && t.sure_ghosts.contains(u))
-            });
-            Ok(m.resolve(r.prompt(), &r.hashes, &held)?
-                .saturating_sub(served))
-        };
-        // What each kind of ghost alone would have added, and what only
-        // both together would have (credited to both).
-        let (spec_only, sure_only) = (probe(true, false)?, probe(false, true)?);
-        let both = probe(true, true)?.saturating_sub(spec_only.max(sure_only));
-        let (spec_gain, sure_gain) = (spec_only + both, sure_only + both);
-        drop(t);
-        if spec_gain + sure_gain > 0 {
-            let per_token = m.kv_bytes_per_token;
-            locked(&self.tiers).observe(spec_gain * per_token, sure_gain * per_token);
-        }
+        // The store's share: the scheduler's evidence (what it saved and
+        // the tiers no longer hold), as workers give it to the tiers.
+        locked(&self.tiers).follow_share(self.sched.speculative_share());
         Ok(p)
     }
 
@@ -160,6 +139,7 @@ impl UcmTiers {
             self.sched.extend_tokens(&id, Arc::new(r.seq.clone()))?;
             end = r.seq.len() as u64;
         }
+        self.sched.record_saved(&id, p_star, served, end)?;
         let mut units: Vec<(u64, Unit, Option<u8>)> = m
             .blocks(&r.hashes, p_star, end, false)
             .into_iter()
