@@ -524,3 +524,29 @@ fn a_fixed_speculative_share_of_zero_evicts_speculative_states_first() {
     // here, does as well as keeping it all.
     assert_eq!(at(None), all);
 }
+
+/// The tiers follow the scheduler's share (1/2 without evidence): on
+/// tiers of 1536 tokens, B finds that sure data of A the tiers lost would
+/// have served it further (the share drops to 0), C that speculative data
+/// would have as well (1/3).
+#[test]
+fn the_ucm_tiers_follow_the_schedulers_evidence() {
+    let c = SimConfig {
+        pool_tokens: 1536,
+        disk_tokens: 1536,
+        ..cfg()
+    };
+    let m = model();
+    let mut sim = Sim::new(&m, SimMode::Ucm, 0, &c);
+    let mut shares = vec![];
+    for (k, t) in diverging().iter().enumerate() {
+        let r = SimRequest::new(&m, c.seed, k, t).unwrap();
+        sim.step(&m, &r).unwrap();
+        shares.push(sim.speculative_share().unwrap());
+    }
+    assert_eq!(shares, [0.5, 0.0, 1.0 / 3.0]);
+    assert_eq!(
+        Sim::new(&m, SimMode::Lmcache, 0, &c).speculative_share(),
+        None
+    );
+}

@@ -105,8 +105,9 @@ pub(crate) struct ReplayArgs {
     no_decode_retention: bool,
     /// With `--trace`: the share (0 to 1) of each tier that `ucm`'s
     /// speculative checkpoints may keep, fixed; by default it follows the
-    /// ghosts of evicted data (D71). 0 is what the store's tiers do:
-    /// speculative items are evicted before any sure item (D81).
+    /// scheduler's evidence, as the store's does (D82). 0: speculative
+    /// items are evicted before any sure item (the stores' rule before
+    /// D82).
     #[arg(long)]
     speculative_share: Option<f64>,
     /// A Redis or Valkey cluster below every store's disk tier

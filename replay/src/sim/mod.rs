@@ -130,8 +130,8 @@ pub struct SimConfig {
     /// requests, as the paper does.
     pub marconi_alpha: Option<f64>,
     /// The share of each tier `ucm`'s speculative checkpoints may keep;
-    /// `None`: set by ghosts (D71). `Some(0.0)`: they are evicted before
-    /// any sure data, as the store's tiers do (D81).
+    /// `None`: the scheduler's, as the store's (D82). `Some(0.0)`: they
+    /// are evicted before any sure data (the stores' rule before D82).
     pub speculative_share: Option<f64>,
 }
 
@@ -354,6 +354,15 @@ impl Sim {
     /// The mode.
     pub fn mode(&self) -> SimMode {
         self.mode
+    }
+
+    /// The speculative share the `ucm` or `fold` tiers keep now; `None`
+    /// for modes without them.
+    pub fn speculative_share(&self) -> Option<f64> {
+        match &self.offload {
+            Offload::Ucm(u) => Some(u.speculative_share()),
+            _ => None,
+        }
     }
 
     /// Runs the next request: the engine's hit, the offload layer's hit

@@ -93,6 +93,11 @@ impl UcmTiers {
         }
     }
 
+    /// The tiers' speculative share now.
+    pub fn speculative_share(&self) -> f64 {
+        locked(&self.tiers).speculative_share()
+    }
+
     fn id(k: usize) -> String {
         format!("r{k}")
     }
