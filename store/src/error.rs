@@ -167,6 +167,21 @@ pub enum ConfigError {
         /// The segment.
         path: PathBuf,
     },
+    /// A shared pool made by a build of another pool format (a segment
+    /// left by an older UCM while the processes using it still run, or
+    /// after they crashed).
+    #[error(
+        "shared pool {path:?} has pool format {found}, this build uses {wanted}: stop the \
+         processes that use it, then remove it"
+    )]
+    PoolVersion {
+        /// The segment.
+        path: PathBuf,
+        /// Its format version.
+        found: u32,
+        /// This build's.
+        wanted: u32,
+    },
     /// A shared pool made for another geometry.
     #[error("shared pool {path:?} has another geometry ({found}; wanted {wanted})")]
     PoolGeometry {

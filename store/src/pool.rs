@@ -413,6 +413,13 @@ impl ClockPool {
             std::thread::sleep(Duration::from_millis(1));
         }
         let h = self.header();
+        if h.magic == MAGIC && h.version != VERSION {
+            return Err(StoreError::Config(ConfigError::PoolVersion {
+                path: self.path.clone().unwrap_or_default(),
+                found: h.version,
+                wanted: VERSION,
+            }));
+        }
         let ok = h.magic == MAGIC
             && h.version == VERSION
             && h.shard_bytes == self.cfg.shard_bytes as u64

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 use std::time::{Duration, Instant};
 
 use ucm_store::pool::{rank_order, Acquire, ClockPool, Key, PoolConfig, PoolMode};
+use ucm_store::{ConfigError, StoreError};
 
 const SLOT: usize = 4096;
 
@@ -242,6 +243,42 @@ fn a_shared_pool_is_attached_and_validated() {
     assert!(other.is_err());
     a.unlink().unwrap();
     assert!(!path.exists());
+}
+
+#[test]
+fn a_shared_pool_shares_its_speculative_share_and_refuses_another_format() {
+    let name = instance("format");
+    let a = shared(&name, Duration::from_secs(1));
+    let path = a.shm_path().unwrap().to_path_buf();
+    let _cleanup = Unlink(path.clone());
+    let b = shared(&name, Duration::from_secs(1));
+    assert_eq!(b.speculative_share(), 0.0);
+    a.set_speculative_share(0.25);
+    assert_eq!(b.speculative_share(), 0.25, "one share for every process");
+    a.set_speculative_share(3.0);
+    assert_eq!(b.speculative_share(), 1.0, "clamped");
+    // A segment of another pool format (the version word follows the
+    // 8-byte magic) is refused by name, not as another geometry.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let other = ClockPool::open(PoolConfig {
+        shard_bytes: SLOT,
+        slots: 64,
+        ways: 8,
+        mode: PoolMode::Shared { instance: name },
+        load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
+    });
+    match other {
+        Err(StoreError::Config(ConfigError::PoolVersion {
+            found: 2, wanted, ..
+        })) => {
+            assert!(wanted > 2)
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("another format was attached"),
+    }
 }
 
 /// Child process body for the multi-process tests (run with `--ignored`).
