@@ -801,33 +801,11 @@ fn dump_one_shard(
 
 #[test]
 fn low_retention_blocks_leave_the_disk_first_unless_a_touch_promoted_them() {
-    let dev = Arc::new(HostDevice::new());
-    let dir = tempfile::tempdir().unwrap();
-    let st = small_store(&dev, dir.path(), 64, 1 << 20, 1 << 19);
-    let geo = Geometry {
-        shard_bytes: 4096,
-        shards_per_block: 1,
-    };
-    let all: Vec<u64> = (0..8).collect();
-    let src = device_kv(&dev, geo, &all);
     // The low blocks are written after the normal ones: by write time
-    // alone they would be the youngest, and GC would keep them.
-    dump_one_shard(&st, &src, &all, &[0, 1, 2, 3], Retain::Normal);
-    dump_one_shard(&st, &src, &all, &[6], Retain::Low(1));
-    dump_one_shard(&st, &src, &all, &[4, 5, 7], Retain::Low(0));
-    // A use promotes block 5.
-    st.touch(&[id(5)]);
-    drop(st);
-    // The same directory under a capacity of 7 blocks, GC down to 6.
-    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
-    let mut dcfg = DiskConfig::new(dir.path(), geo, 7);
-    dcfg.low_watermark = 6;
-    let disk = DiskTier::open(dcfg, engine).unwrap();
-    let r = disk.gc();
-    assert_eq!(r.deleted, 2, "{r:?}");
-    let on_disk = disk.lookup(&all.iter().map(|&b| id(b)).collect::<Vec<_>>());
+    // alone they would be the youngest, and GC would keep them. With no
+    // speculative share (the default) they go first.
     assert_eq!(
-        on_disk,
+        gc_with_share(0.0),
         [true, true, true, true, false, true, true, false],
         "the level-0 blocks not touched go first; the level-1 block, normal ones and the \
          touched one stay"
@@ -865,9 +843,9 @@ fn low_retention_slots_are_clock_victims_before_used_ones() {
     );
 }
 
-/// The directory of `low_retention_blocks_leave_the_disk_first_...`:
-/// normal blocks 0-3, block 6 at level 1, blocks 4, 5, 7 at level 0, and
-/// block 5 promoted by a touch. Reopened under a capacity of 7 blocks (GC
+/// A disk tier of normal blocks 0-3, then block 6 at level 1 and blocks
+/// 4, 5, 7 at level 0 (written after the normal ones), and block 5
+/// promoted by a touch. Reopened under a capacity of 7 blocks (GC
 /// down to 6) with speculative share `share`; returns which blocks GC
 /// kept.
 fn gc_with_share(share: f64) -> Vec<bool> {
