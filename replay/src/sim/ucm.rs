@@ -83,7 +83,7 @@ impl UcmTiers {
         sched.set_fold_retention(fold);
         // Twice what the tiers hold: the record remembers about as much
         // lost data as the tiers keep.
-        sched.set_saved_bound(2 * locked(&tiers).capacity());
+        sched.set_saved_bound(locked(&tiers).capacity().saturating_mul(2));
         UcmTiers {
             tiers,
             sched,
