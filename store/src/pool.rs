@@ -615,9 +615,8 @@ impl ClockPool {
 
     /// Whether low-priority slots hold more than their share.
     fn low_over_share(&self) -> bool {
-        let keep = self.cfg.slots as u64
-            * u64::from(self.header().share_ppm.load(Ordering::Relaxed))
-            / 1_000_000;
+        let ppm = u128::from(self.header().share_ppm.load(Ordering::Relaxed));
+        let keep = (self.cfg.slots as u128 * ppm / 1_000_000) as u64;
         self.low_slots() > keep
     }
 

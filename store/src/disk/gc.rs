@@ -281,8 +281,8 @@ impl DiskTier {
         files.sort_unstable_by_key(|(t, _, _)| *t);
         let split = files.partition_point(|(t, _, _)| *t < cold);
         let (low, normal) = files.split_at(split);
-        let keep =
-            self.cfg.high_watermark * u64::from(self.share_ppm.load(Ordering::Relaxed)) / 1_000_000;
+        let ppm = u128::from(self.share_ppm.load(Ordering::Relaxed));
+        let keep = (u128::from(self.cfg.high_watermark) * ppm / 1_000_000) as u64;
         let (mut l, mut n) = (0usize, 0usize);
         let mut out = Vec::with_capacity(k.min(files.len()));
         while out.len() < k && l + n < low.len() + normal.len() {
