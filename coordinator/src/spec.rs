@@ -375,6 +375,19 @@ impl SpecTable {
             .fold(0u64, u64::saturating_add)
     }
 
+    /// Bytes of one stored unit of group `group` at full size: a block
+    /// over all its layers (chain, sidecar) or a state over its layers
+    /// (snapshot); 0 for `none` groups.
+    pub fn unit_bytes(&self, group: usize) -> u64 {
+        let g = &self.groups[group];
+        let layers = g.layers.len() as u64;
+        match g.kind {
+            Kind::Chain | Kind::Sidecar => g.bytes_per_layer_block(self.block_of(group)) * layers,
+            Kind::Snapshot => g.unit_bytes * layers,
+            Kind::None => 0,
+        }
+    }
+
     /// Bytes of the states of one checkpoint position: every snapshot
     /// group's state over its layers (a hit needs them all).
     pub fn state_bytes_per_position(&self) -> u64 {

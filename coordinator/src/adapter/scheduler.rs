@@ -207,22 +207,42 @@ fn servable_boundary(g: &crate::spec::Group, common: u64, b: u64, n: u64) -> u64
     n.saturating_sub(1) / grid * grid
 }
 
-/// Per group of `spec`: bytes of one block over all its layers (chain,
-/// sidecar) or of one state (snapshot); 0 for `none` groups.
-fn unit_bytes(spec: &SpecTable) -> Vec<u64> {
-    spec.groups()
-        .iter()
-        .map(|g| {
-            let layers = g.layers.len() as u64;
-            match g.kind {
-                Kind::Chain | Kind::Sidecar => {
-                    g.bytes_per_layer_block(spec.block_of(g.index)) * layers
-                }
-                Kind::Snapshot => g.unit_bytes * layers,
-                Kind::None => 0,
-            }
-        })
-        .collect()
+/// Records as saved blocks `range` of chain or sidecar group `group` of a
+/// request, every rank's.
+fn record_blocks(
+    saved: &mut SavedLog,
+    spec: &SpecTable,
+    hashes: &RequestHashes,
+    group: usize,
+    range: Range<usize>,
+) {
+    let bytes = spec.unit_bytes(group);
+    for ids in &hashes.chains[group] {
+        let end = range.end.min(ids.len());
+        for id in ids.get(range.start..end).unwrap_or_default() {
+            saved.block(group, *id, bytes);
+        }
+    }
+}
+
+/// Records as saved the checkpoint of snapshot group `group` at
+/// `position` of a request of `tokens`, every rank's.
+fn record_checkpoint(
+    saved: &mut SavedLog,
+    spec: &SpecTable,
+    hashes: &RequestHashes,
+    tokens: &[u32],
+    group: usize,
+    position: u64,
+    priority: Priority,
+) -> Result<()> {
+    let g = &spec.groups()[group];
+    let speculative = matches!(priority, Priority::Speculative(_));
+    for (r, ids) in hashes.chains[group].iter().enumerate() {
+        let key = checkpoint_hash(&hashes.seeds[group][r], ids, tokens, g.hash_block, position)?;
+        saved.state(group, key, spec.unit_bytes(group), speculative);
+    }
+    Ok(())
 }
 
 /// The scheduler side.
@@ -235,8 +255,6 @@ pub struct Scheduler<P: Presence> {
     junctions: HashMap<usize, JunctionLog>,
     ceiling: HitCeiling,
     saved: SavedLog,
-    /// Per group: bytes of one block (all layers) or one state.
-    unit_bytes: Vec<u64>,
     budget: SpeculativeBudget,
     reqs: HashMap<String, ReqState>,
     step: u64,
@@ -253,7 +271,6 @@ impl<P: Presence> Scheduler<P> {
         directory: Arc<CheckpointDirectory>,
     ) -> Self {
         let ceiling = HitCeiling::new(&spec, DEFAULT_BOUND);
-        let unit_bytes = unit_bytes(&spec);
         Scheduler {
             spec,
             dep,
@@ -263,7 +280,6 @@ impl<P: Presence> Scheduler<P> {
             junctions: HashMap::new(),
             ceiling,
             saved: SavedLog::default(),
-            unit_bytes,
             budget: SpeculativeBudget::new(),
             reqs: HashMap::new(),
             step: 0,
@@ -372,7 +388,8 @@ impl<P: Presence> Scheduler<P> {
         // A prompt too short for one block of the chain grid is a miss; any
         // other refusal (hashes of another spec table, an unknown group) is
         // a programming error and reaches the caller as one.
-        let (l, p_star) = if (visible.len() as u64) < self.spec.chain_grid().max(1) {
+        let resolvable = visible.len() as u64 >= self.spec.chain_grid().max(1);
+        let (l, p_star) = if !resolvable {
             (0, 0)
         } else {
             let r = resolve_positions(
@@ -385,7 +402,7 @@ impl<P: Presence> Scheduler<P> {
             (r.l, r.p_star)
         };
         if !self.reqs.contains_key(&req.id) {
-            if p_star < n as u64 && !self.saved.is_empty() {
+            if resolvable && p_star < n as u64 && !self.saved.is_empty() {
                 self.observe_ghosts(visible, &hashes, p_star.max(num_computed))?;
             }
             let plans = if self.fold {
@@ -424,16 +441,14 @@ impl<P: Presence> Scheduler<P> {
     /// Feeds the speculative budget (module [`crate::ghosts`]): how much
     /// further than `served` the saved-but-gone speculative checkpoints,
     /// and the saved-but-gone sure data, would have served the request
-    /// (a gain that needs both counts for both), in bytes of K/V.
+    /// (a gain that needs both counts for both), in bytes of K/V. The
+    /// prompt must be resolvable (at least one chain-grid block).
     fn observe_ghosts(
         &mut self,
         visible: &[u32],
         hashes: &RequestHashes,
         served: u64,
     ) -> Result<()> {
-        if (visible.len() as u64) < self.spec.chain_grid().max(1) {
-            return Ok(());
-        }
         let probe = |speculative: bool, sure: bool| -> Result<u64> {
             let with = WithSaved {
                 presence: self.presence.as_ref(),
@@ -459,7 +474,9 @@ impl<P: Presence> Scheduler<P> {
     /// hold `disk_blocks` blocks (or states) of every group, as each
     /// group's disk tier does ([`crate::adapter::StoreSetConfig::disk_blocks`]).
     pub fn bound_saved_to_disk(&mut self, disk_blocks: u64) {
-        let per_block: u64 = self.unit_bytes.iter().sum();
+        let per_block: u64 = (0..self.spec.groups().len())
+            .map(|g| self.spec.unit_bytes(g))
+            .sum();
         self.saved
             .set_bound(disk_blocks.saturating_mul(per_block).saturating_mul(2));
     }
@@ -486,27 +503,13 @@ impl<P: Presence> Scheduler<P> {
                 continue;
             }
             let b = spec.block_of(g.index).max(1);
-            let (first, end) = (blocks_from.div_ceil(b) as usize, (to / b) as usize);
-            for ids in &st.hashes.chains[g.index] {
-                for id in ids.get(first..end.min(ids.len())).unwrap_or_default() {
-                    self.saved.block(g.index, *id, self.unit_bytes[g.index]);
-                }
-            }
+            let blocks = blocks_from.div_ceil(b) as usize..(to / b) as usize;
+            record_blocks(&mut self.saved, &spec, &st.hashes, g.index, blocks);
         }
         for (g, ps) in &st.plan {
-            let group = &spec.groups()[*g];
-            for (&p, priority) in ps.range(states_after + 1..=to) {
-                for (r, ids) in st.hashes.chains[*g].iter().enumerate() {
-                    let key = checkpoint_hash(
-                        &st.hashes.seeds[*g][r],
-                        ids,
-                        &st.req.tokens,
-                        group.hash_block,
-                        p,
-                    )?;
-                    let speculative = matches!(priority, Priority::Speculative(_));
-                    self.saved.state(*g, key, self.unit_bytes[*g], speculative);
-                }
+            for (&p, &priority) in ps.range(states_after + 1..=to) {
+                let (h, t) = (&st.hashes, &st.req.tokens);
+                record_checkpoint(&mut self.saved, &spec, h, t, *g, p, priority)?;
             }
         }
         Ok(())
@@ -683,11 +686,7 @@ impl<P: Presence> Scheduler<P> {
                 let allocated = alloc.blocks.get(&g.index).map_or(0, Vec::len);
                 let to = ((c.end / b) as usize).min(allocated);
                 if to > from {
-                    for ids in &st.hashes.chains[g.index] {
-                        for id in ids.get(from..to.min(ids.len())).unwrap_or_default() {
-                            self.saved.block(g.index, *id, self.unit_bytes[g.index]);
-                        }
-                    }
+                    record_blocks(&mut self.saved, &spec, &st.hashes, g.index, from..to);
                     save_blocks.push((g.index, from..to));
                     st.saved_to.insert(g.index, to);
                 }
@@ -705,20 +704,9 @@ impl<P: Presence> Scheduler<P> {
                 .collect();
             save_states.sort_by_key(|s| s.group);
             for save in &save_states {
-                let g = &spec.groups()[save.group];
-                let h = &st.hashes;
-                for (r, ids) in h.chains[save.group].iter().enumerate() {
-                    let key = checkpoint_hash(
-                        &h.seeds[save.group][r],
-                        ids,
-                        &st.req.tokens,
-                        g.hash_block,
-                        save.position,
-                    )?;
-                    let speculative = matches!(save.priority, Priority::Speculative(_));
-                    let bytes = self.unit_bytes[save.group];
-                    self.saved.state(save.group, key, bytes, speculative);
-                }
+                let (h, t) = (&st.hashes, &st.req.tokens);
+                let (g, p) = (save.group, save.position);
+                record_checkpoint(&mut self.saved, &spec, h, t, g, p, save.priority)?;
             }
             requests.push(ReqMeta {
                 id: c.req.clone(),

@@ -24,20 +24,10 @@ pub struct Model {
 impl Model {
     /// The model of `spec`.
     pub fn new(spec: SpecTable) -> Self {
-        let mut unit_bytes = Vec::new();
-        let mut per_token = 0;
-        for g in spec.groups() {
-            let layers = g.layers.len() as u64;
-            let b = match g.kind {
-                Kind::Chain | Kind::Sidecar => {
-                    per_token += g.unit_bytes * layers;
-                    g.bytes_per_layer_block(spec.block_of(g.index)) * layers
-                }
-                Kind::Snapshot => g.unit_bytes * layers,
-                Kind::None => 0,
-            };
-            unit_bytes.push(b);
-        }
+        let unit_bytes = (0..spec.groups().len())
+            .map(|g| spec.unit_bytes(g))
+            .collect();
+        let per_token = spec.kv_bytes_per_token();
         Model {
             spec,
             kv_bytes_per_token: per_token.max(1),
