@@ -29,9 +29,11 @@
 //!    K/V of the tokens it follows ([`speculative_spacing`]). The tiers
 //!    keep these at a lower priority ([`Priority::Speculative`]): evicted
 //!    first while they exceed their share of the capacity
-//!    ([`SpeculativeBudget`]), the densest level first, so that the
-//!    spacing that survives follows the room there is; promoted when a
-//!    request resumes from one.
+//!    ([`SpeculativeBudget`]), the densest level first among checkpoints
+//!    of one time, so that the spacing that survives follows the room
+//!    there is, while one older than its level's credit (a level is worth
+//!    the span the tier's sure data covers) goes whatever its level;
+//!    promoted when a request resumes from one.
 //!
 //! Only positions beyond the resume point are planned: what was loaded is
 //! already stored.
@@ -52,10 +54,12 @@ pub enum Priority {
     /// an odd multiple of the spacing is level 0, one at an odd multiple of
     /// twice the spacing level 1, and so on (the prompt's last servable
     /// point is [`MAX_LEVEL`]). Tiers evict speculative checkpoints before
-    /// sure data (within their share, [`SpeculativeBudget`]) and lower
-    /// levels first, so that under pressure the spacing that survives
-    /// doubles, and halves again as room returns. A use promotes one to
-    /// [`Priority::Sure`].
+    /// sure data (within their share, [`SpeculativeBudget`]) and, among
+    /// checkpoints of one time, lower levels first, so that under
+    /// pressure the spacing that survives doubles, and halves again as
+    /// room returns; each level is worth the span of the tier's sure data
+    /// in age, so a checkpoint that outlived the K/V it resumes over goes
+    /// whatever its level. A use promotes one to [`Priority::Sure`].
     Speculative(u8),
     /// Kept on certain or observed reuse (triggers 1-3).
     Sure,

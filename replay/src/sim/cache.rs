@@ -132,6 +132,18 @@ impl ByteLru {
         Some(b)
     }
 
+    /// The least recent unit, if any (stale queue entries at the front
+    /// are dropped on the way).
+    pub fn peek_oldest(&mut self) -> Option<Unit> {
+        while let Some(&(stamp, v)) = self.queue.front() {
+            if self.map.get(&v).is_some_and(|e| e.0 == stamp) {
+                return Some(v);
+            }
+            self.queue.pop_front();
+        }
+        None
+    }
+
     /// Removes and returns the least recent unit with its bytes.
     pub fn pop_oldest(&mut self) -> Option<(Unit, u64)> {
         while let Some((stamp, v)) = self.queue.pop_front() {
@@ -156,13 +168,21 @@ impl ByteLru {
 
 /// A byte-bounded cache of two priorities (retention's
 /// [`Priority`](ucm_coordinator::retention::Priority)): sure units
-/// (K/V blocks, sure checkpoints) and speculative checkpoints by level,
+/// (K/V blocks, sure checkpoints) and speculative checkpoints by level.
 /// Once the bytes held pass the capacity, it evicts down to the low
 /// watermark: while speculative units hold more than their share of the
-/// capacity (the [`SpeculativeBudget`]), speculative units, the lowest
-/// level first and the least recent within a level; otherwise sure units,
-/// the least recent first (as ARC keeps each of its lists to its target).
-/// A speculative unit that a request loads is promoted to sure.
+/// capacity (the [`SpeculativeBudget`]), speculative units; otherwise
+/// sure units, the least recent first (as ARC keeps each of its lists to
+/// its target). A speculative unit that a request loads is promoted to
+/// sure.
+///
+/// Speculative units go in the order of their age less `level` times the
+/// span the sure units cover (the age of the least recent one, ages
+/// counted in bytes written since): a level buys a unit one span of the
+/// tier's sure data, so that under pressure the densest level goes first
+/// among units of one time, while a unit that has outlived the K/V it
+/// resumes over goes whatever its level (the disk tier's GC orders its
+/// low files the same way, in time: D83).
 #[derive(Debug)]
 pub struct PriorityCache {
     capacity: u64,
@@ -179,6 +199,10 @@ pub struct PriorityCache {
     pub evicted: u64,
     /// Speculative units promoted so far.
     pub promoted: u64,
+    /// Bytes inserted so far: the clock of ages.
+    clock: u64,
+    /// Each held unit's clock at its insertion or last use.
+    stamps: HashMap<Unit, u64>,
 }
 
 impl PriorityCache {
@@ -197,6 +221,8 @@ impl PriorityCache {
             share: 0.0,
             evicted: 0,
             promoted: 0,
+            clock: 0,
+            stamps: HashMap::new(),
         }
     }
 
@@ -234,19 +260,26 @@ impl PriorityCache {
         let level = self.spec_level(u)?;
         let b = self.spec[level].remove(u)?;
         self.spec_held -= b;
+        self.stamps.remove(u);
         Some(b)
+    }
+
+    fn stamp(&mut self, u: Unit) {
+        self.stamps.insert(u, self.clock);
     }
 
     /// A request used `u`: it becomes the most recent, and sure if it was
     /// speculative. Returns whether it was held.
     pub fn touch(&mut self, u: &Unit) -> bool {
         if self.sure.touch(u) {
+            self.stamp(*u);
             return true;
         }
         match self.take_spec(u) {
             Some(b) => {
                 self.promoted += 1;
                 self.sure.insert(*u, b, |_| {});
+                self.stamp(*u);
                 true
             }
             None => false,
@@ -269,6 +302,7 @@ impl PriorityCache {
             return;
         }
         if self.sure.touch(&u) {
+            self.stamp(u);
             return;
         }
         if let Some(held) = self.spec_level(&u) {
@@ -282,8 +316,10 @@ impl PriorityCache {
                     }
                 }
             }
+            self.stamp(u);
             return;
         }
+        self.clock += bytes;
         match level {
             Some(l) => {
                 let l = usize::from(l.min(MAX_LEVEL));
@@ -292,16 +328,20 @@ impl PriorityCache {
             }
             None => self.sure.insert(u, bytes, |_| {}),
         }
+        self.stamp(u);
         if self.held() > self.capacity {
             let keep = (self.capacity as f64 * self.share) as u64;
             while self.held() > self.low {
                 let gone = if self.spec_held > keep || self.sure.held() == 0 {
-                    // Over their share: speculative units go, lowest level
-                    // first, the least recent within a level.
+                    // Over their share: speculative units go, by age less
+                    // their level's credit (`pop_spec`).
                     self.pop_spec().map(|v| (v, true))
                 } else {
                     // Within it: sure units go, the least recent first.
-                    self.sure.pop_oldest().map(|(v, _)| (v, false))
+                    self.sure.pop_oldest().map(|(v, _)| {
+                        self.stamps.remove(&v);
+                        (v, false)
+                    })
                 };
                 let Some((v, was_speculative)) = gone else {
                     break;
@@ -312,15 +352,33 @@ impl PriorityCache {
         }
     }
 
-    /// Evicts the least recent speculative unit of the lowest level held.
+    /// Evicts the speculative unit whose age less its level's credit is
+    /// the greatest: each level's least recent unit is a candidate, and a
+    /// level is worth the span of the sure units (the age of the least
+    /// recent one; 0 when none is held: then the oldest goes).
     fn pop_spec(&mut self) -> Option<Unit> {
-        for l in self.spec.iter_mut() {
-            if let Some((v, b)) = l.pop_oldest() {
-                self.spec_held -= b;
-                return Some(v);
+        let span = self
+            .sure
+            .peek_oldest()
+            .and_then(|v| self.stamps.get(&v))
+            .map_or(0, |&t| self.clock - t);
+        let mut best: Option<(u64, usize)> = None;
+        for l in 0..self.spec.len() {
+            let Some(v) = self.spec[l].peek_oldest() else {
+                continue;
+            };
+            let t = self.stamps.get(&v).copied().unwrap_or(0);
+            // Smaller is older: the stamp plus the level's credit.
+            let key = t.saturating_add(span.saturating_mul(l as u64));
+            if best.is_none_or(|(k, _)| key < k) {
+                best = Some((key, l));
             }
         }
-        None
+        let (_, l) = best?;
+        let (v, b) = self.spec[l].pop_oldest()?;
+        self.spec_held -= b;
+        self.stamps.remove(&v);
+        Some(v)
     }
 }
 
@@ -405,6 +463,28 @@ mod tests {
         c.insert(b(7), 10, None, |u, s| gone.push((u, s)));
         assert_eq!(gone[2], (b(1), false));
         assert!(c.contains(&b(4)) && c.contains(&b(7)));
+    }
+
+    #[test]
+    fn a_speculative_unit_that_outlived_the_sure_span_goes_before_a_lower_level() {
+        let mut c = PriorityCache::new(50, 1.0);
+        c.set_speculative_share(0.4);
+        let mut gone = Vec::new();
+        // b(2) at level 1 (clock 10), then sure units 11-17: the four
+        // oldest go while b(2) is within the share.
+        c.insert(b(2), 10, Some(1), |u, s| gone.push((u, s)));
+        for n in 11..=17 {
+            c.insert(b(n), 10, None, |u, s| gone.push((u, s)));
+        }
+        c.insert(b(3), 10, Some(0), |u, s| gone.push((u, s)));
+        assert_eq!(gone.len(), 4);
+        assert!(gone.iter().all(|&(_, s)| !s), "{gone:?}");
+        // Over the share: the sure units span 40 bytes of writes (b(15)
+        // at 60 to 100); b(2), written at 10, is 90 old, more than its one
+        // level's credit over b(3) (written at 90, level 0).
+        c.insert(b(4), 10, Some(0), |u, s| gone.push((u, s)));
+        assert_eq!(gone[4], (b(2), true));
+        assert!(c.contains(&b(3)) && c.contains(&b(4)));
     }
 
     #[test]

@@ -54,10 +54,10 @@ impl DiskTier {
     /// The opposite of [`DiskTier::touch`]: sets the mtime of the blocks
     /// present into the past, [`COLD_BACKDATE`] for `level` 0 and one
     /// sixteenth less per level above (levels above 15 count as 15), so
-    /// that GC (oldest first) deletes them before any block written or
-    /// touched within that span, lower levels first, each level in the
-    /// order its blocks were written. A later `touch` (a hit) makes a
-    /// block current again.
+    /// that GC counts them as low (see [`DiskTier::victims`]: their order
+    /// is their write time plus their level times the span of the normal
+    /// blocks, both read back from the mtime). A later `touch` (a hit)
+    /// makes a block current again.
     pub fn cool(&self, ids: &[BlockId], level: u8) {
         let back = COLD_BACKDATE / 16 * (16 - u32::from(level.min(15)));
         let when = SystemTime::now()
@@ -248,7 +248,7 @@ impl DiskTier {
     /// that blocks held at low priority ([`DiskTier::cool`]) may fill
     /// before GC takes them first. Within it, GC deletes the oldest normal
     /// blocks and keeps the low ones (unless nothing else is left); beyond
-    /// it, low blocks go first, lower levels and older ones first. 0 (the
+    /// it, low blocks go first (by write time and level, [`low_order`]). 0 (the
     /// default): low blocks always go first. Clamped to 0-1; this tier's
     /// own setting (a tier sharing the directory collects by its own).
     pub fn set_speculative_share(&self, share: f64) {
@@ -266,9 +266,9 @@ impl DiskTier {
     /// backdate [`DiskTier::cool`] gives (a block written or touched since
     /// is younger; a normal block that old has not been used for years).
     /// While low files number more than the share of the high watermark,
-    /// the oldest low file goes (the lowest level first: the longest
-    /// backdate); otherwise the oldest normal file, and a low one only
-    /// when no normal file is left.
+    /// a low file goes ([`low_order`]: its write time plus its level times
+    /// the span the normal files cover); otherwise the oldest normal file,
+    /// and a low one only when no normal file is left.
     pub(super) fn victims(
         &self,
         files: &mut [(SystemTime, PathBuf, u64)],
@@ -281,6 +281,10 @@ impl DiskTier {
         files.sort_unstable_by_key(|(t, _, _)| *t);
         let split = files.partition_point(|(t, _, _)| *t < cold);
         let (low, normal) = files.split_at(split);
+        let span = normal.first().map_or(Duration::ZERO, |f| {
+            now.duration_since(f.0).unwrap_or_default()
+        });
+        let low = low_order(low, span, now);
         let ppm = u128::from(self.share_ppm.load(Ordering::Relaxed));
         let keep = (u128::from(self.cfg.high_watermark) * ppm / 1_000_000) as u64;
         let (mut l, mut n) = (0usize, 0usize);
@@ -289,7 +293,7 @@ impl DiskTier {
             let low_left = (low.len() - l) as u64;
             let take_low = l < low.len() && (low_left > keep || n == normal.len());
             if take_low {
-                out.push(low[l].1.clone());
+                out.push(low[l].clone());
                 l += 1;
             } else {
                 out.push(normal[n].1.clone());
@@ -339,5 +343,79 @@ impl DiskTier {
         if paths::read_marker(&path).ok().flatten().as_deref() == Some(text) {
             let _ = iofs::remove_file(&path);
         }
+    }
+}
+
+/// The order GC takes low files in (D83). [`DiskTier::cool`] backdated
+/// each by a sixteenth of [`COLD_BACKDATE`] per level below 16, so its
+/// mtime gives both its level and when it was cooled (its write). Each
+/// goes in the order of that write time plus its level times `span` (the
+/// age of the oldest normal file: the time the tier's sure data covers):
+/// among files written together the lowest level goes first, while a file
+/// that has outlived the sure data (the K/V its state resumes over) by
+/// more than its level's credit goes before younger ones of lower levels.
+pub(super) fn low_order(
+    low: &[(SystemTime, PathBuf, u64)],
+    span: Duration,
+    now: SystemTime,
+) -> Vec<PathBuf> {
+    let step = COLD_BACKDATE / 16;
+    let mut keyed: Vec<(Duration, u32, &PathBuf)> = low
+        .iter()
+        .map(|(t, p, _)| {
+            let age = now.duration_since(*t).unwrap_or_default();
+            // Sixteenths of the backdate in its age: 16 - level (a write
+            // younger than a sixteenth, about two years, decodes exactly).
+            let n = (age.as_nanos() / step.as_nanos()).clamp(1, 16) as u32;
+            let level = 16 - n;
+            let written = t
+                .checked_add(step * n)
+                .unwrap_or(*t)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default();
+            (written.saturating_add(span.saturating_mul(level)), level, p)
+        })
+        .collect();
+    // Ties: the lower level first.
+    keyed.sort_by_key(|(k, level, _)| (*k, *level));
+    keyed.into_iter().map(|(_, _, p)| p.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A low file of `level` cooled `ago` before `now`, as
+    /// [`DiskTier::cool`] backdates it.
+    fn cooled(
+        name: &str,
+        level: u32,
+        ago: Duration,
+        now: SystemTime,
+    ) -> (SystemTime, PathBuf, u64) {
+        let back = COLD_BACKDATE / 16 * (16 - level);
+        (now - ago - back, PathBuf::from(name), 0)
+    }
+
+    #[test]
+    fn low_files_go_by_write_time_plus_their_levels_credit() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1 << 32);
+        let hour = Duration::from_secs(3600);
+        let low = [
+            // Cooled together: level 0 before level 2.
+            cooled("fresh-2", 2, Duration::ZERO, now),
+            cooled("fresh-0", 0, Duration::ZERO, now),
+            // Level 3, cooled 10 spans ago: its credit (3 spans) is spent.
+            cooled("stale-3", 3, hour * 10, now),
+            // Level 1, cooled half a span ago: credit left.
+            cooled("recent-1", 1, hour / 2, now),
+        ];
+        let order = low_order(&low, hour, now);
+        let names: Vec<_> = order.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(names, ["stale-3", "fresh-0", "recent-1", "fresh-2"]);
+        // With no span (no normal file), the oldest write goes first.
+        let order = low_order(&low, Duration::ZERO, now);
+        let names: Vec<_> = order.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(names, ["stale-3", "recent-1", "fresh-0", "fresh-2"]);
     }
 }
