@@ -550,3 +550,38 @@ fn the_ucm_tiers_follow_the_schedulers_evidence() {
         None
     );
 }
+
+#[test]
+fn per_group_tiers_give_each_group_its_own_room_and_the_stores_disk_one_budget() {
+    use ucm::replay::sim::cache::Unit;
+    use ucm::replay::sim::tiers::{Split, Tiers};
+    let m = model();
+    let block = |n: u8| Unit::Block {
+        group: 0,
+        id: [n; 16],
+    };
+    let state = Unit::State {
+        group: 1,
+        hash: [7; 16],
+    };
+    let (kv, st) = (m.bytes(&block(0)), m.bytes(&state));
+    assert!(kv > 0 && st > 0);
+    // Room for four of each group's units, no pool; speculative share 0.
+    let disk = 4 * (kv + st);
+    let mut shared = Tiers::with_share(0, disk, Some(0.0));
+    let mut per_group = Tiers::split(Some(&m), Split::Groups, 0, disk, Some(0.0));
+    let mut store = Tiers::split(Some(&m), Split::Store, 0, disk, Some(0.0));
+    assert_eq!(per_group.capacity(), shared.capacity());
+    assert_eq!(store.capacity(), shared.capacity());
+    for t in [&mut shared, &mut per_group, &mut store] {
+        t.store(&m, &[(state, None)], |_| {});
+        let blocks: Vec<(Unit, Option<u8>)> = (0..10).map(|n| (block(n), None)).collect();
+        t.store(&m, &blocks, |_| {});
+    }
+    // One budget (and the store's one disk budget): ten blocks push the
+    // older state out. Per group: the blocks evict only blocks, and the
+    // state keeps its own room.
+    assert!(!shared.contains(&state) && !store.contains(&state));
+    assert!(per_group.contains(&state));
+    assert!(per_group.contains(&block(9)) && !per_group.contains(&block(0)));
+}

@@ -162,7 +162,8 @@ typedef struct ucm_options_t {
    */
   uint64_t pool_bytes;
   /**
-   * Blocks on disk per group before GC (0: 2^20).
+   * The disk capacity, as this many block files of every group, shared
+   * by the groups as one byte budget (0: 2^20).
    */
   uint64_t disk_blocks;
   /**

@@ -231,7 +231,8 @@ pub struct UcmOptions {
     pub lookahead: u32,
     /// Memory-pool bytes per group (0: 256 MiB).
     pub pool_bytes: u64,
-    /// Blocks on disk per group before GC (0: 2^20).
+    /// The disk capacity, as this many block files of every group, shared
+    /// by the groups as one byte budget (0: 2^20).
     pub disk_blocks: u64,
     /// How the disk tiers make writes durable: `UCM_SYNC_AUTO` (0) or
     /// `UCM_SYNC_FILES`; any other value is `UCM_ERR_INVALID`.

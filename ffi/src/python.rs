@@ -183,7 +183,9 @@ impl PyCache {
     /// instead of a local disk. `sync_mode` is how the disk tiers make writes
     /// durable: `auto` (one `syncfs` per batch where the file system
     /// allows) or `files` (an fsync per file and directory, for a busy
-    /// shared file system).
+    /// shared file system). `disk_blocks` is the disk capacity, as that
+    /// many block files of every group, shared by the groups as one byte
+    /// budget.
     #[new]
     #[pyo3(signature = (spec, dir, tp_size=1, pool_bytes=256 << 20, disk_blocks=1 << 20, lookahead=2, workers=2, remote=None, cold=None, no_disk=false, sync_mode="auto"))]
     #[allow(clippy::too_many_arguments)]

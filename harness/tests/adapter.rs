@@ -435,3 +435,31 @@ fn workers_give_every_tier_the_schedulers_speculative_share() {
     }
     assert!(tiers >= 2);
 }
+
+#[test]
+fn every_groups_disk_tier_collects_with_one_byte_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let e = engine("all_union", tmp.path());
+    let blocks = config("all_union", tmp.path()).stores.disk_blocks;
+    let mut budget: Option<Arc<ucm_store::DiskBudget>> = None;
+    let mut total = 0u64;
+    for g in e.spec().groups().to_vec() {
+        let Some(d) = e.stores().tier(g.index).and_then(|t| t.disk()) else {
+            continue;
+        };
+        total += d.file_bytes() * blocks;
+        let b = d
+            .budget()
+            .expect("every group's disk tier joined the budget");
+        match &budget {
+            None => budget = Some(Arc::clone(b)),
+            Some(first) => assert!(Arc::ptr_eq(first, b), "{}", g.name),
+        }
+    }
+    let budget = budget.expect("disk tiers");
+    assert_eq!(
+        budget.high_bytes(),
+        total,
+        "disk_blocks files of every group"
+    );
+}

@@ -424,6 +424,71 @@ fn gc_deletes_the_oldest_blocks_down_to_the_low_watermark() {
     assert_eq!(t.gc().deleted, 0);
 }
 
+/// Block `n` of `t` written with an mtime `minutes` after `base`.
+fn write_at(t: &DiskTier, g: Geometry, n: u64, base: SystemTime, minutes: u64) {
+    t.write_block(&id(n), shards(g, n)).unwrap();
+    let f = fs::File::open(t.path_of(&id(n))).unwrap();
+    f.set_modified(base + Duration::from_secs(60 * minutes))
+        .unwrap();
+}
+
+#[test]
+fn tiers_sharing_a_budget_give_up_their_oldest_bytes_whatever_the_tier() {
+    // Two groups: small blocks (one 4 KiB shard) and big ones (eight).
+    // Per tier, the big tier's 3 blocks fit its own 10; with one budget,
+    // the small tier's writes push the big tier's old blocks out.
+    let small = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let open_gc = |d: &Path, g: Geometry| {
+        let mut cfg = DiskConfig::new(d, g, 10);
+        cfg.gc_every = 0;
+        DiskTier::open(cfg, engine()).unwrap()
+    };
+    let (a, b) = (open_gc(d1.path(), small), open_gc(d2.path(), GEO));
+    let (fa, fb) = (a.file_bytes(), b.file_bytes());
+    assert!(fb > fa);
+    // Room for the big tier's 3 blocks and 6 small ones.
+    let budget = ucm_store::DiskBudget::new(3 * fb + 6 * fa);
+    assert!(a.join_budget(&budget) && b.join_budget(&budget));
+    assert!(!a.join_budget(&budget), "a tier joins one budget once");
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    // Big blocks 100-102 at minutes 0, 1 and 20; small blocks 0-7 at
+    // minutes 2-9. The 7th small block passes the budget: its GC (run by
+    // the write, down to 90%) takes the oldest file, big block 100.
+    for (n, m) in [(100, 0), (101, 1), (102, 20)] {
+        write_at(&b, GEO, n, base, m);
+    }
+    for n in 0..8 {
+        write_at(&a, small, n, base, n + 2);
+    }
+    let present = |t: &DiskTier, ns: std::ops::Range<u64>| -> Vec<u64> {
+        ns.filter(|&n| t.exists(&id(n))).collect()
+    };
+    assert_eq!(present(&b, 100..103), [101, 102]);
+    assert_eq!(present(&a, 0..8), (0..8).collect::<Vec<_>>());
+    let deleted = |t: &DiskTier| {
+        t.stats()
+            .gc_deleted
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!((deleted(&a), deleted(&b)), (0, 1));
+    assert_eq!(a.gc().deleted, 0, "within the budget");
+    // Eight more small blocks (minutes 40-47): the passes take big block
+    // 101, then the three oldest small blocks (minutes 2-4), never big
+    // block 102 (minute 20), though the small tier alone holds 13 blocks.
+    for n in 8..16 {
+        write_at(&a, small, n, base, 32 + n);
+    }
+    assert_eq!(present(&b, 100..103), [102]);
+    assert_eq!(present(&a, 0..16), (3..16).collect::<Vec<_>>());
+    assert_eq!((deleted(&a), deleted(&b)), (3, 2));
+    let held = 13 * fa + fb;
+    assert!(held <= budget.high_bytes(), "{held} bytes held");
+}
+
 #[test]
 fn injected_write_faults_leave_nothing_visible_and_reads_report_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,8 +11,9 @@ use std::time::Duration;
 use ucm_device::io::DIRECT_IO_ALIGN;
 use ucm_device::{Device, IoEngine, IoEngineConfig, IoEngineKind};
 use ucm_store::{
-    BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Geometry, PoolConfig, PoolMode,
-    RemoteConfig, RemoteTier, SyncMode, TieredBlockStore, TieredSnapshotStore,
+    BlockStore, BlockStoreConfig, ClockPool, DiskBudget, DiskConfig, DiskTier, Geometry,
+    PoolConfig, PoolMode, RemoteConfig, RemoteTier, SyncMode, TieredBlockStore,
+    TieredSnapshotStore,
 };
 
 use super::units::UnitMap;
@@ -34,7 +35,10 @@ pub struct StoreSetConfig {
     /// `Some(prefix)`: pools in shared memory named `<prefix>-<group>`, so
     /// rank processes share them; `None`: private pools.
     pub shared: Option<String>,
-    /// Blocks on disk per group before GC.
+    /// The disk capacity, in blocks of each group: the groups' disk tiers
+    /// share one byte budget of `disk_blocks` files of every group
+    /// ([`DiskBudget`], D84), so one group may hold more than
+    /// `disk_blocks` while another holds fewer.
     pub disk_blocks: u64,
     /// Store worker threads per group.
     pub workers: usize,
@@ -281,6 +285,23 @@ impl<D: Device> StoreSet<D> {
                 snap.insert(g.index, TieredSnapshotStore::new(g.index as u32, blocks));
             } else {
                 chain.insert(g.index, blocks);
+            }
+        }
+        // One byte budget for every group's disk tier (D84): the bytes of
+        // `disk_blocks` files of each group, collected as one, so the room
+        // of K/V and of states follows what is used.
+        let disks: Vec<&DiskTier> = chain
+            .values()
+            .chain(snap.values().map(|s| s.blocks()))
+            .filter_map(|s| s.disk())
+            .collect();
+        if !disks.is_empty() {
+            let total = disks.iter().fold(0u64, |t, d| {
+                t.saturating_add(d.file_bytes().saturating_mul(cfg.disk_blocks))
+            });
+            let budget = DiskBudget::new(total);
+            for d in disks {
+                d.join_budget(&budget);
             }
         }
         Ok(StoreSet {

@@ -133,6 +133,10 @@ pub struct SimConfig {
     /// `None`: the scheduler's, as the store's (D82). `Some(0.0)`: they
     /// are evicted before any sure data (the stores' rule before D82).
     pub speculative_share: Option<f64>,
+    /// How `ucm`'s tiers split their bytes between the groups
+    /// ([`tiers::Split`]): one budget (the default), as the store keeps
+    /// them, or as it did before D84.
+    pub tier_split: tiers::Split,
 }
 
 impl Default for SimConfig {
@@ -149,6 +153,7 @@ impl Default for SimConfig {
             lmcache_chunk: lmcache::CHUNK,
             marconi_alpha: None,
             speculative_share: None,
+            tier_split: tiers::Split::One,
         }
     }
 }
@@ -325,9 +330,16 @@ impl Sim {
                 false,
                 cfg.decode_retention,
                 cfg.speculative_share,
+                cfg.tier_split,
             ))),
             SimMode::Fold => Offload::Ucm(Box::new(ucm::UcmTiers::new(
-                m, pool, disk, true, false, None,
+                m,
+                pool,
+                disk,
+                true,
+                false,
+                None,
+                tiers::Split::One,
             ))),
             SimMode::Lmcache => Offload::Lm(Box::new(lmcache::LmCache::new(
                 m,

@@ -109,11 +109,13 @@ pub fn render_text(r: &SimReport) -> String {
     let _ = writeln!(
         out,
         "loads at {} GiB/s (memory) and {} GiB/s (disk), assumed; compute {} us per token not \
-         served; ucm decode retention {}; ceiling: the rate unlimited capacity would give",
+         served; ucm decode retention {}, tiers split {}; ceiling: the rate unlimited \
+         capacity would give",
         c.pool_gib_s,
         c.disk_gib_s,
         c.compute_us_per_token,
-        if c.decode_retention { "on" } else { "off" }
+        if c.decode_retention { "on" } else { "off" },
+        c.tier_split.name()
     );
     let base = r.point(SimMode::Recompute, 0).map(|p| p.ttft_mean_ms);
     for cap in r.capacities() {

@@ -18,7 +18,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::cache::Unit;
-use super::tiers::{Loaded, Tiers};
+use super::tiers::{Loaded, Split, Tiers};
 use super::units::Model;
 use super::{Saved, SimRequest};
 use ucm_coordinator::adapter::{EngineRequest, Scheduler};
@@ -63,7 +63,8 @@ impl UcmTiers {
     /// Tiers of `pool` and `disk` bytes; `fold` selects the predecessor's
     /// retention, `decode` keeps decode output (ignored with `fold`),
     /// `share` fixes the tiers' speculative share (`None`: the
-    /// scheduler's, from what it saved and the tiers lost).
+    /// scheduler's, from what it saved and the tiers lost); `split` how
+    /// the tiers' bytes are split between the groups ([`Split`]).
     pub fn new(
         m: &Model,
         pool: u64,
@@ -71,8 +72,9 @@ impl UcmTiers {
         fold: bool,
         decode: bool,
         share: Option<f64>,
+        split: Split,
     ) -> Self {
-        let tiers = Arc::new(Mutex::new(Tiers::with_share(pool, disk, share)));
+        let tiers = Arc::new(Mutex::new(Tiers::split(Some(m), split, pool, disk, share)));
         let dir = Arc::new(CheckpointDirectory::new());
         let mut sched = Scheduler::new(
             Arc::new(m.spec.clone()),

@@ -89,44 +89,7 @@ impl DiskTier {
     /// two hex digits, regular files `<32 hex>.blk` in the directory their
     /// name belongs in; links are never followed.
     pub(super) fn gather(&self) -> Vec<(SystemTime, PathBuf, u64)> {
-        let mut out = Vec::new();
-        let dirs = |p: &Path| {
-            iofs::read_dir(p)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .filter_map(|e| {
-                    let n = e.file_name().to_str()?.to_string();
-                    (n.len() == 2 && n.bytes().all(|b| b.is_ascii_hexdigit()))
-                        .then_some((n, e.path()))
-                })
-                .collect::<Vec<_>>()
-        };
-        for (a, ap) in dirs(&self.cfg.dir.join("blocks")) {
-            for (b, bp) in dirs(&ap) {
-                for f in iofs::read_dir(&bp).into_iter().flatten().flatten() {
-                    let Some(name) = f.file_name().to_str().map(String::from) else {
-                        continue;
-                    };
-                    let well_named = name.len() == 36
-                        && name.ends_with(".blk")
-                        && name[..4] == format!("{a}{b}")
-                        && parse_hex(&name[..32]).is_some();
-                    if !well_named {
-                        continue;
-                    }
-                    if let Ok(m) = iofs::symlink_metadata(&f.path()) {
-                        if m.file_type().is_file() {
-                            if let Ok(t) = m.modified() {
-                                out.push((t, f.path(), m.len()));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        out
+        gather_in(&self.cfg.dir)
     }
 
     /// Every block id on disk, from the file names (for warm restarts).
@@ -164,6 +127,10 @@ impl DiskTier {
     /// [`DiskConfig::gc_every`]) and collects when they are too many. Runs
     /// on the writing thread (a store worker), never on the engine's.
     pub(super) fn after_writes(&self, n: u64) {
+        if let Some(b) = self.budget.get() {
+            b.after_writes(n.saturating_mul(self.file_bytes()));
+            return;
+        }
         if self.cfg.gc_every == 0 || n == 0 {
             return;
         }
@@ -201,7 +168,13 @@ impl DiskTier {
     /// ([`GcReport::leased_elsewhere`]): the holder collects. Readers never
     /// lock: a file unlinked under a reader stays readable to it (and is
     /// the block's bytes: blocks are content-addressed); a later open misses.
+    ///
+    /// A tier that joined a budget ([`DiskTier::join_budget`]) runs the
+    /// budget's pass instead ([`DiskBudget::gc`]).
     pub fn gc(&self) -> GcReport {
+        if let Some(b) = self.budget.get() {
+            return b.gc();
+        }
         let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut files = self.gather();
         let found = files.len() as u64;
@@ -254,6 +227,9 @@ impl DiskTier {
     pub fn set_speculative_share(&self, share: f64) {
         let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
         self.share_ppm.store(ppm, Ordering::Relaxed);
+        if let Some(b) = self.budget.get() {
+            b.set_speculative_share(share);
+        }
     }
 
     /// The speculative share ([`DiskTier::set_speculative_share`]).
@@ -284,7 +260,10 @@ impl DiskTier {
         let span = normal.first().map_or(Duration::ZERO, |f| {
             now.duration_since(f.0).unwrap_or_default()
         });
-        let low = low_order(low, span, now);
+        let low: Vec<&PathBuf> = low_order(low, span, now)
+            .into_iter()
+            .map(|i| &low[i].1)
+            .collect();
         let ppm = u128::from(self.share_ppm.load(Ordering::Relaxed));
         let keep = (u128::from(self.cfg.high_watermark) * ppm / 1_000_000) as u64;
         let (mut l, mut n) = (0usize, 0usize);
@@ -303,50 +282,56 @@ impl DiskTier {
         out
     }
 
-    pub(super) fn lease_path(&self) -> PathBuf {
-        self.cfg.dir.join("gc.lease")
-    }
-
     /// Takes the GC lease of the directory; returns its text (ours) or
     /// `None` when another live, unexpired holder has it.
     pub(super) fn take_lease(&self) -> Option<String> {
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default();
-        let until = now + self.cfg.gc_lease;
-        let text = format!(
-            "{} {} {}",
-            paths::writer_id(),
-            until.as_millis(),
-            paths::next_nonce()
-        );
-        let (path, tmp) = (self.lease_path(), self.cfg.dir.join("tmp"));
-        let held = match paths::create_marker(&path, &tmp, &text) {
-            Ok(true) => true,
-            // Held: taken over only when expired or its writer is dead, by
-            // an atomic replace; re-read, since a racing taker may have
-            // replaced it after us.
-            Ok(false) => {
-                let theirs = paths::read_marker(&path).ok().flatten().unwrap_or_default();
-                lease_expired(&theirs, now)
-                    && paths::replace_marker(&path, &tmp, &text).is_ok()
-                    && paths::read_marker(&path).ok().flatten().as_deref() == Some(text.as_str())
-            }
-            Err(_) => false,
-        };
-        held.then_some(text)
+        take_lease_in(&self.cfg.dir, self.cfg.gc_lease)
     }
 
     /// Gives the lease back if it is still ours.
     pub(super) fn release_lease(&self, text: &str) {
-        let path = self.lease_path();
-        if paths::read_marker(&path).ok().flatten().as_deref() == Some(text) {
-            let _ = iofs::remove_file(&path);
-        }
+        release_lease_in(&self.cfg.dir, text)
     }
 }
 
-/// The order GC takes low files in (D83). [`DiskTier::cool`] backdated
+/// Takes the GC lease of `dir` for `lease` ([`DiskTier::take_lease`]).
+pub(super) fn take_lease_in(dir: &Path, lease: Duration) -> Option<String> {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let until = now + lease;
+    let text = format!(
+        "{} {} {}",
+        paths::writer_id(),
+        until.as_millis(),
+        paths::next_nonce()
+    );
+    let (path, tmp) = (dir.join("gc.lease"), dir.join("tmp"));
+    let held = match paths::create_marker(&path, &tmp, &text) {
+        Ok(true) => true,
+        // Held: taken over only when expired or its writer is dead, by
+        // an atomic replace; re-read, since a racing taker may have
+        // replaced it after us.
+        Ok(false) => {
+            let theirs = paths::read_marker(&path).ok().flatten().unwrap_or_default();
+            lease_expired(&theirs, now)
+                && paths::replace_marker(&path, &tmp, &text).is_ok()
+                && paths::read_marker(&path).ok().flatten().as_deref() == Some(text.as_str())
+        }
+        Err(_) => false,
+    };
+    held.then_some(text)
+}
+
+/// Gives `dir`'s GC lease back if it is still `text` (ours).
+pub(super) fn release_lease_in(dir: &Path, text: &str) {
+    let path = dir.join("gc.lease");
+    if paths::read_marker(&path).ok().flatten().as_deref() == Some(text) {
+        let _ = iofs::remove_file(&path);
+    }
+}
+
+/// The order GC takes low files in (D83), as indices into `low`. [`DiskTier::cool`] backdated
 /// each by a sixteenth of [`COLD_BACKDATE`] per level below 16, so its
 /// mtime gives both its level and when it was cooled (its write). Each
 /// goes in the order of that write time plus its level times `span` (the
@@ -358,11 +343,12 @@ pub(super) fn low_order(
     low: &[(SystemTime, PathBuf, u64)],
     span: Duration,
     now: SystemTime,
-) -> Vec<PathBuf> {
+) -> Vec<usize> {
     let step = COLD_BACKDATE / 16;
-    let mut keyed: Vec<(Duration, u32, &PathBuf)> = low
+    let mut keyed: Vec<(Duration, u32, usize)> = low
         .iter()
-        .map(|(t, p, _)| {
+        .enumerate()
+        .map(|(i, (t, _, _))| {
             let age = now.duration_since(*t).unwrap_or_default();
             // Sixteenths of the backdate in its age: 16 - level (a write
             // younger than a sixteenth, about two years, decodes exactly).
@@ -373,12 +359,54 @@ pub(super) fn low_order(
                 .unwrap_or(*t)
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or_default();
-            (written.saturating_add(span.saturating_mul(level)), level, p)
+            (written.saturating_add(span.saturating_mul(level)), level, i)
         })
         .collect();
     // Ties: the lower level first.
     keyed.sort_by_key(|(k, level, _)| (*k, *level));
-    keyed.into_iter().map(|(_, _, p)| p.clone()).collect()
+    keyed.into_iter().map(|(_, _, i)| i).collect()
+}
+
+/// Every block file beneath `dir/blocks` with its mtime and length (see
+/// [`DiskTier::gather`]).
+pub(super) fn gather_in(dir: &Path) -> Vec<(SystemTime, PathBuf, u64)> {
+    let mut out = Vec::new();
+    let dirs = |p: &Path| {
+        iofs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| {
+                let n = e.file_name().to_str()?.to_string();
+                (n.len() == 2 && n.bytes().all(|b| b.is_ascii_hexdigit())).then_some((n, e.path()))
+            })
+            .collect::<Vec<_>>()
+    };
+    for (a, ap) in dirs(&dir.join("blocks")) {
+        for (b, bp) in dirs(&ap) {
+            for f in iofs::read_dir(&bp).into_iter().flatten().flatten() {
+                let Some(name) = f.file_name().to_str().map(String::from) else {
+                    continue;
+                };
+                let well_named = name.len() == 36
+                    && name.ends_with(".blk")
+                    && name[..4] == format!("{a}{b}")
+                    && parse_hex(&name[..32]).is_some();
+                if !well_named {
+                    continue;
+                }
+                if let Ok(m) = iofs::symlink_metadata(&f.path()) {
+                    if m.file_type().is_file() {
+                        if let Ok(t) = m.modified() {
+                            out.push((t, f.path(), m.len()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -411,11 +439,11 @@ mod tests {
             cooled("recent-1", 1, hour / 2, now),
         ];
         let order = low_order(&low, hour, now);
-        let names: Vec<_> = order.iter().map(|p| p.to_str().unwrap()).collect();
+        let names: Vec<_> = order.iter().map(|&i| low[i].1.to_str().unwrap()).collect();
         assert_eq!(names, ["stale-3", "fresh-0", "recent-1", "fresh-2"]);
         // With no span (no normal file), the oldest write goes first.
         let order = low_order(&low, Duration::ZERO, now);
-        let names: Vec<_> = order.iter().map(|p| p.to_str().unwrap()).collect();
+        let names: Vec<_> = order.iter().map(|&i| low[i].1.to_str().unwrap()).collect();
         assert_eq!(names, ["stale-3", "recent-1", "fresh-0", "fresh-2"]);
     }
 }

@@ -41,15 +41,21 @@
 //! until the count is at the low watermark. `touch` refreshes mtimes,
 //! throttled per block.
 //!
+//! Several tiers (a deployment's groups) may share one byte budget
+//! ([`DiskBudget`], [`DiskTier::join_budget`]): their GC is then one pass
+//! over all of them, oldest first whatever the group.
+//!
 //! Files: this one holds the configuration, the tier and its opening
 //! (geometry marker, clearing dead writers' temporary files); `write` the
 //! write path, `read` presence and the read path, `gc` recency, GC and
-//! enumeration.
+//! enumeration; `budget` the byte budget several tiers share.
 
+mod budget;
 mod gc;
 mod read;
 mod write;
 
+pub use budget::DiskBudget;
 pub use read::ReadSession;
 use write::add_dir;
 
@@ -204,7 +210,7 @@ pub struct DiskTier {
     cfg: DiskConfig,
     engine: Arc<dyn IoEngine>,
     header_bytes: usize,
-    stats: DiskStats,
+    stats: Arc<DiskStats>,
     touched: Mutex<HashMap<BlockId, Instant>>,
     gc_lock: Mutex<()>,
     /// Files found by the last walk, and this tier's writes since.
@@ -215,7 +221,7 @@ pub struct DiskTier {
     /// that finds the file gone or corrupt forgets the id, GC and
     /// `evict_all` forget all, so a stale entry (another process's or
     /// another machine's GC) is only ever a miss at load, never data.
-    known: std::sync::RwLock<std::collections::HashSet<BlockId>>,
+    known: Arc<std::sync::RwLock<std::collections::HashSet<BlockId>>>,
     /// Blocks are written to unnamed files (`O_TMPFILE`) until the file
     /// system refuses one; then to named temporary files.
     unnamed: std::sync::atomic::AtomicBool,
@@ -226,6 +232,9 @@ pub struct DiskTier {
     /// The speculative share ([`DiskTier::set_speculative_share`]), in
     /// millionths of the high watermark.
     share_ppm: AtomicU32,
+    /// The byte budget this tier collects with, once joined
+    /// ([`DiskTier::join_budget`]); its own watermarks are then unused.
+    budget: std::sync::OnceLock<Arc<DiskBudget>>,
 }
 
 /// Lookups of at least this many unknown ids stat them on two threads.
@@ -327,13 +336,33 @@ impl DiskTier {
             cfg,
             engine,
             header_bytes,
-            stats: DiskStats::default(),
+            stats: Arc::default(),
             touched: Mutex::new(HashMap::new()),
             gc_lock: Mutex::new(()),
             last_found: AtomicU64::new(0),
             writes_since: AtomicU64::new(0),
             known: Default::default(),
+            budget: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Makes this tier collect with `budget` (one byte capacity for every
+    /// tier that joins it, e.g. a deployment's groups): its writes count
+    /// towards the budget and its GC ([`DiskTier::gc`]) is the budget's,
+    /// over every member. Its own watermarks are then unused. Returns
+    /// false (and changes nothing) when it already joined one.
+    pub fn join_budget(&self, budget: &Arc<DiskBudget>) -> bool {
+        if self.budget.set(Arc::clone(budget)).is_err() {
+            return false;
+        }
+        budget.join(self);
+        budget.set_speculative_share(self.speculative_share());
+        true
+    }
+
+    /// The budget this tier joined, if any.
+    pub fn budget(&self) -> Option<&Arc<DiskBudget>> {
+        self.budget.get()
     }
 
     /// The geometry.

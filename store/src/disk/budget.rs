@@ -1,0 +1,235 @@
+//! One byte budget for the disk tiers of several instances (a deployment's
+//! groups: K/V blocks of each chain group, states of each snapshot group),
+//! collected as one: GC takes the oldest files of all of them (speculative
+//! files by [`low_order`]) until their bytes are at the low watermark, so
+//! the room each group gets follows what is used, not a fixed count per
+//! group (D84).
+
+use super::gc::{gather_in, low_order, release_lease_in, take_lease_in};
+use super::*;
+
+/// What the budget's GC needs of a member tier.
+struct Member {
+    dir: PathBuf,
+    lease: Duration,
+    known: Arc<std::sync::RwLock<std::collections::HashSet<BlockId>>>,
+    stats: Arc<DiskStats>,
+}
+
+/// A byte capacity shared by the disk tiers that join it
+/// ([`DiskTier::join_budget`]). A joined tier's own watermarks are then
+/// unused: its writes count towards the budget, and its GC is the
+/// budget's.
+pub struct DiskBudget {
+    high_bytes: u64,
+    low_bytes: u64,
+    gc_every_bytes: u64,
+    members: Mutex<Vec<Member>>,
+    gc_lock: Mutex<()>,
+    /// Bytes found by the last walk, and the members' writes since.
+    last_found: AtomicU64,
+    written_since: AtomicU64,
+    share_ppm: AtomicU32,
+}
+
+impl std::fmt::Debug for DiskBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskBudget")
+            .field("high_bytes", &self.high_bytes)
+            .field("low_bytes", &self.low_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DiskBudget {
+    /// A budget of `high_bytes` (at least 1): GC starts above it and
+    /// deletes down to 90% of it; the members' files are counted again
+    /// after every sixteenth of it written, as one tier's are.
+    pub fn new(high_bytes: u64) -> Arc<Self> {
+        let high = high_bytes.max(1);
+        Arc::new(DiskBudget {
+            high_bytes: high,
+            low_bytes: high - high / 10,
+            gc_every_bytes: (high / 16).max(1),
+            members: Mutex::new(Vec::new()),
+            gc_lock: Mutex::new(()),
+            last_found: AtomicU64::new(0),
+            written_since: AtomicU64::new(0),
+            share_ppm: AtomicU32::new(0),
+        })
+    }
+
+    /// The capacity in bytes (the high watermark).
+    pub fn high_bytes(&self) -> u64 {
+        self.high_bytes
+    }
+
+    /// The speculative share of the budget (as
+    /// [`DiskTier::set_speculative_share`], of the bytes); a member's
+    /// setting sets it.
+    pub fn set_speculative_share(&self, share: f64) {
+        let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
+        self.share_ppm.store(ppm, Ordering::Relaxed);
+    }
+
+    pub(super) fn join(&self, tier: &DiskTier) {
+        self.members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Member {
+                dir: tier.cfg.dir.clone(),
+                lease: tier.cfg.gc_lease,
+                known: Arc::clone(&tier.known),
+                stats: Arc::clone(&tier.stats),
+            });
+    }
+
+    /// A member wrote `bytes`: counts the files again (and collects) once
+    /// a sixteenth of the budget was written, or as soon as the bytes
+    /// last found plus those written since exceed it.
+    pub(super) fn after_writes(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let since = self.written_since.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let estimate = self
+            .last_found
+            .load(Ordering::Relaxed)
+            .saturating_add(since);
+        if since < self.gc_every_bytes && estimate <= self.high_bytes {
+            return;
+        }
+        let r = self.gc();
+        if r.deleted > 0 || r.leased_elsewhere {
+            log::debug!(
+                "disk budget of {} bytes: {} block files, {} deleted{}",
+                self.high_bytes,
+                r.found,
+                r.deleted,
+                if r.leased_elsewhere {
+                    " (another budget holds a member's GC lease)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+
+    /// One GC pass over every member's directory: when their files hold
+    /// more than the budget, deletes the oldest until the low watermark
+    /// remains. While speculative (low) files hold more than the share of
+    /// the budget, they go first, in [`low_order`]; otherwise the oldest
+    /// normal file, whichever member it belongs to. Every member's GC
+    /// lease is taken first (all or none, in the members' order, so two
+    /// budgets over the same directories never both collect).
+    pub fn gc(&self) -> GcReport {
+        let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let members = self.members.lock().unwrap_or_else(|e| e.into_inner());
+        // (mtime, path, bytes, member)
+        let mut files: Vec<(SystemTime, PathBuf, u64, usize)> = Vec::new();
+        for (i, m) in members.iter().enumerate() {
+            files.extend(gather_in(&m.dir).into_iter().map(|(t, p, b)| (t, p, b, i)));
+        }
+        let found_bytes: u64 = files.iter().map(|f| f.2).sum();
+        let found = files.len() as u64;
+        self.last_found.store(found_bytes, Ordering::Relaxed);
+        self.written_since.store(0, Ordering::Relaxed);
+        if found_bytes <= self.high_bytes {
+            return GcReport {
+                found,
+                ..GcReport::default()
+            };
+        }
+        let mut leases = Vec::new();
+        for m in members.iter() {
+            match take_lease_in(&m.dir, m.lease) {
+                Some(l) => leases.push((&m.dir, l)),
+                None => break,
+            }
+        }
+        if leases.len() < members.len() {
+            for (dir, l) in &leases {
+                release_lease_in(dir, l);
+            }
+            self.last_found.store(self.low_bytes, Ordering::Relaxed);
+            return GcReport {
+                found,
+                deleted: 0,
+                leased_elsewhere: true,
+            };
+        }
+        for m in members.iter() {
+            m.known.write().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+        let need = found_bytes - self.low_bytes;
+        let victims = self.victims(&mut files, need, SystemTime::now());
+        let (mut deleted, mut freed) = (0, 0);
+        for &i in &victims {
+            let (_, p, b, m) = &files[i];
+            // A file already gone (another GC, another machine) is fine.
+            if iofs::remove_file(p).is_ok() {
+                deleted += 1;
+                freed += b;
+                members[*m].stats.gc_deleted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        for (dir, l) in &leases {
+            release_lease_in(dir, l);
+        }
+        self.last_found
+            .store(found_bytes - freed, Ordering::Relaxed);
+        GcReport {
+            found,
+            deleted,
+            leased_elsewhere: false,
+        }
+    }
+
+    /// Indices into `files` of the files to delete to free `need` bytes
+    /// at `now`: low files (older than `COLD_BACKDATE / 32`, see
+    /// [`DiskTier::cool`]) while they hold more than the share of the
+    /// budget, in [`low_order`] (the span is the oldest normal file's
+    /// age); otherwise the oldest normal file, and a low one only when no
+    /// normal file is left.
+    fn victims(
+        &self,
+        files: &mut [(SystemTime, PathBuf, u64, usize)],
+        need: u64,
+        now: SystemTime,
+    ) -> Vec<usize> {
+        let cold = now
+            .checked_sub(COLD_BACKDATE / 32)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        files.sort_unstable_by_key(|f| f.0);
+        let split = files.partition_point(|f| f.0 < cold);
+        let span = files.get(split).map_or(Duration::ZERO, |f| {
+            now.duration_since(f.0).unwrap_or_default()
+        });
+        let low: Vec<(SystemTime, PathBuf, u64)> = files[..split]
+            .iter()
+            .map(|f| (f.0, PathBuf::new(), f.2))
+            .collect();
+        let low = low_order(&low, span, now);
+        let ppm = u128::from(self.share_ppm.load(Ordering::Relaxed));
+        let keep = (u128::from(self.high_bytes) * ppm / 1_000_000) as u64;
+        let mut low_bytes: u64 = files[..split].iter().map(|f| f.2).sum();
+        let (mut l, mut n, mut freed) = (0usize, split, 0u64);
+        let mut out = Vec::new();
+        while freed < need && (l < low.len() || n < files.len()) {
+            let take_low = l < low.len() && (low_bytes > keep || n == files.len());
+            let i = if take_low {
+                l += 1;
+                low[l - 1]
+            } else {
+                n += 1;
+                n - 1
+            };
+            if take_low {
+                low_bytes -= files[i].2;
+            }
+            freed += files[i].2;
+            out.push(i);
+        }
+        out
+    }
+}
