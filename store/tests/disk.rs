@@ -490,6 +490,50 @@ fn tiers_sharing_a_budget_give_up_their_oldest_bytes_whatever_the_tier() {
 }
 
 #[test]
+fn a_budget_keeps_low_files_within_its_share_and_takes_them_first_beyond_it() {
+    let small = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 1,
+    };
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let open_gc = |d: &Path, g: Geometry| {
+        let mut cfg = DiskConfig::new(d, g, 10);
+        cfg.gc_every = 0;
+        DiskTier::open(cfg, engine()).unwrap()
+    };
+    let (a, b) = (open_gc(d1.path(), small), open_gc(d2.path(), GEO));
+    let (fa, fb) = (a.file_bytes(), b.file_bytes());
+    let budget = ucm_store::DiskBudget::new(2 * fb + 6 * fa);
+    assert!(a.join_budget(&budget) && b.join_budget(&budget));
+    // The share set on any member is the budget's: all of it.
+    a.set_speculative_share(1.0);
+    // Two big blocks held at low priority (speculative checkpoints).
+    for n in [100, 101] {
+        b.write_block(&id(n), shards(GEO, n)).unwrap();
+    }
+    b.cool(&[id(100), id(101)], 0);
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    for n in 0..8 {
+        write_at(&a, small, n, base, n);
+    }
+    // Within the share the low files stay; the oldest normal ones go
+    // (the 7th small block passed the budget: three went, to 90%).
+    let present = |t: &DiskTier, ns: std::ops::Range<u64>| -> Vec<u64> {
+        ns.filter(|&n| t.exists(&id(n))).collect()
+    };
+    assert_eq!(present(&b, 100..102), [100, 101]);
+    assert_eq!(present(&a, 0..8), [3, 4, 5, 6, 7]);
+    // Share 0: beyond it, low files go first, though the small tier's
+    // files are older.
+    b.set_speculative_share(0.0);
+    for n in 8..10 {
+        write_at(&a, small, n, base, n);
+    }
+    assert_eq!(present(&b, 100..102).len(), 1, "one low file went");
+    assert_eq!(present(&a, 0..10), (3..10).collect::<Vec<_>>());
+}
+
+#[test]
 fn injected_write_faults_leave_nothing_visible_and_reads_report_errors() {
     let dir = tempfile::tempdir().unwrap();
     let t = open(dir.path(), GEO, 100);
