@@ -432,27 +432,56 @@ fn write_at(t: &DiskTier, g: Geometry, n: u64, base: SystemTime, minutes: u64) {
         .unwrap();
 }
 
-#[test]
-fn tiers_sharing_a_budget_give_up_their_oldest_bytes_whatever_the_tier() {
-    // Two groups: small blocks (one 4 KiB shard) and big ones (eight).
-    // Per tier, the big tier's 3 blocks fit its own 10; with one budget,
-    // the small tier's writes push the big tier's old blocks out.
-    let small = Geometry {
-        shard_bytes: 4096,
-        shards_per_block: 1,
-    };
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+/// One 4 KiB shard per block: the small group of the budget tests.
+const SMALL: Geometry = Geometry {
+    shard_bytes: 4096,
+    shards_per_block: 1,
+};
+
+/// A small tier (`SMALL`) and a big one (`GEO`) in two directories, each
+/// of 10 files on its own (never collected alone), joined to one budget
+/// of `big` big files and `small` small ones. Bind `_dirs`: the
+/// directories are removed when it is dropped.
+struct BudgetPair {
+    a: DiskTier,
+    b: DiskTier,
+    budget: Arc<ucm_store::DiskBudget>,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+fn budget_pair(big: u64, small: u64) -> BudgetPair {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let open_gc = |d: &Path, g: Geometry| {
         let mut cfg = DiskConfig::new(d, g, 10);
         cfg.gc_every = 0;
         DiskTier::open(cfg, engine()).unwrap()
     };
-    let (a, b) = (open_gc(d1.path(), small), open_gc(d2.path(), GEO));
+    let (a, b) = (open_gc(dirs.0.path(), SMALL), open_gc(dirs.1.path(), GEO));
+    let budget = ucm_store::DiskBudget::new(big * b.file_bytes() + small * a.file_bytes());
+    assert!(a.join_budget(&budget) && b.join_budget(&budget));
+    BudgetPair {
+        a,
+        b,
+        budget,
+        _dirs: dirs,
+    }
+}
+
+#[test]
+fn tiers_sharing_a_budget_give_up_their_oldest_bytes_whatever_the_tier() {
+    // Two groups: small blocks (one 4 KiB shard) and big ones (eight).
+    // Per tier, the big tier's 3 blocks fit its own 10; with one budget,
+    // the small tier's writes push the big tier's old blocks out.
+    // Room for the big tier's 3 blocks and 6 small ones.
+    let BudgetPair {
+        a,
+        b,
+        budget,
+        _dirs,
+    } = budget_pair(3, 6);
+    let small = SMALL;
     let (fa, fb) = (a.file_bytes(), b.file_bytes());
     assert!(fb > fa);
-    // Room for the big tier's 3 blocks and 6 small ones.
-    let budget = ucm_store::DiskBudget::new(3 * fb + 6 * fa);
-    assert!(a.join_budget(&budget) && b.join_budget(&budget));
     assert!(!a.join_budget(&budget), "a tier joins one budget once");
     let base = SystemTime::now() - Duration::from_secs(3600);
     // Big blocks 100-102 at minutes 0, 1 and 20; small blocks 0-7 at
@@ -491,20 +520,8 @@ fn tiers_sharing_a_budget_give_up_their_oldest_bytes_whatever_the_tier() {
 
 #[test]
 fn a_budget_keeps_low_files_within_its_share_and_takes_them_first_beyond_it() {
-    let small = Geometry {
-        shard_bytes: 4096,
-        shards_per_block: 1,
-    };
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let open_gc = |d: &Path, g: Geometry| {
-        let mut cfg = DiskConfig::new(d, g, 10);
-        cfg.gc_every = 0;
-        DiskTier::open(cfg, engine()).unwrap()
-    };
-    let (a, b) = (open_gc(d1.path(), small), open_gc(d2.path(), GEO));
-    let (fa, fb) = (a.file_bytes(), b.file_bytes());
-    let budget = ucm_store::DiskBudget::new(2 * fb + 6 * fa);
-    assert!(a.join_budget(&budget) && b.join_budget(&budget));
+    let BudgetPair { a, b, _dirs, .. } = budget_pair(2, 6);
+    let small = SMALL;
     // The share set on any member is the budget's: all of it.
     a.set_speculative_share(1.0);
     // Two big blocks held at low priority (speculative checkpoints).
