@@ -411,6 +411,7 @@ fn the_cli_refuses_bad_trace_options() {
             vec!["--speculative-share", "NaN"],
             "not a share from 0 to 1",
         ),
+        (vec!["--tier-split", "pergroup"], "invalid value 'pergroup'"),
     ] {
         let out = ucm()
             .args(["replay", "--trace"])
@@ -432,6 +433,12 @@ fn the_cli_refuses_bad_trace_options() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--speculative-share needs --trace"));
+    let out = ucm()
+        .args(["replay", "--tier-split", "store"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tier-split needs --trace"));
 }
 
 /// A small trace with reuse: shared prefixes that diverge, exact repeats,

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use ucm::replay::sim::tiers::Split;
 use ucm::store::SyncMode;
 
 use super::*;
@@ -115,8 +116,8 @@ pub(crate) struct ReplayArgs {
     /// store keeps them (a pool per group of equal bytes, one disk budget,
     /// D84); `groups`, as it did before D84 (a pool per group of equal
     /// bytes, a disk tier per group of equal file counts).
-    #[arg(long, default_value = "one")]
-    tier_split: String,
+    #[arg(long, value_enum, default_value_t = Split::One)]
+    tier_split: Split,
     /// A Redis or Valkey cluster below every store's disk tier
     /// (`redis://host:port,...`), as instances on several machines would
     /// share it (workload replays).
@@ -206,7 +207,7 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         ("--engine-capacity", a.engine_capacity.is_some()),
         ("--limit", a.limit.is_some()),
         ("--speculative-share", a.speculative_share.is_some()),
-        ("--tier-split", a.tier_split != "one"),
+        ("--tier-split", a.tier_split != Split::One),
     ] {
         if set {
             return Err(format!("{flag} needs --trace"));
@@ -551,10 +552,7 @@ pub(crate) fn replay_trace(a: ReplayArgs) -> Result<(), String> {
         disk_gib_s: a.disk_gib_s,
         decode_retention: !a.no_decode_retention,
         speculative_share: a.speculative_share,
-        tier_split: a
-            .tier_split
-            .parse()
-            .map_err(|e| format!("--tier-split: {e}"))?,
+        tier_split: a.tier_split,
         ..SimConfig::default()
     };
     let spec = ucm::coordinator::SpecTable::load(&a.spec).map_err(|e| e.to_string())?;

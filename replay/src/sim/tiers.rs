@@ -31,7 +31,7 @@ pub struct Loaded {
 }
 
 /// How a tier's bytes are split between the groups.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Split {
     /// One budget for every group's units, in memory and on disk.
@@ -56,17 +56,6 @@ impl Split {
             Split::Store => "store",
             Split::Groups => "groups",
         }
-    }
-}
-
-impl std::str::FromStr for Split {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        [Split::One, Split::Store, Split::Groups]
-            .into_iter()
-            .find(|x| x.name() == s)
-            .ok_or_else(|| format!("{s:?} is not one, store or groups"))
     }
 }
 
