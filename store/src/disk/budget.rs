@@ -1,11 +1,11 @@
 //! One byte budget for the disk tiers of several instances (a deployment's
 //! groups: K/V blocks of each chain group, states of each snapshot group),
 //! collected as one: GC takes the oldest files of all of them (speculative
-//! files by [`low_order`]) until their bytes are at the low watermark, so
+//! files by [`low_order`](super::gc::low_order)) until their bytes are at the low watermark, so
 //! the room each group gets follows what is used, not a fixed count per
 //! group (D84).
 
-use super::gc::{gather_in, low_order, release_lease_in, take_lease_in};
+use super::gc::{count_due, gather_in, pick_victims, release_lease_in, share_of, take_lease_in};
 use super::*;
 
 /// What the budget's GC needs of a member tier.
@@ -88,15 +88,13 @@ impl DiskBudget {
     /// a sixteenth of the budget was written, or as soon as the bytes
     /// last found plus those written since exceed it.
     pub(super) fn after_writes(&self, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let since = self.written_since.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        let estimate = self
-            .last_found
-            .load(Ordering::Relaxed)
-            .saturating_add(since);
-        if since < self.gc_every_bytes && estimate <= self.high_bytes {
+        if !count_due(
+            &self.last_found,
+            &self.written_since,
+            bytes,
+            self.gc_every_bytes,
+            self.high_bytes,
+        ) {
             return;
         }
         let r = self.gc();
@@ -118,8 +116,10 @@ impl DiskBudget {
     /// One GC pass over every member's directory: when their files hold
     /// more than the budget, deletes the oldest until the low watermark
     /// remains. While speculative (low) files hold more than the share of
-    /// the budget, they go first, in [`low_order`]; otherwise the oldest
-    /// normal file, whichever member it belongs to. Every member's GC
+    /// the budget, they go first, in [`low_order`](super::gc::low_order);
+    /// otherwise the oldest normal file, whichever member it belongs to
+    /// (as one tier's GC picks them, [`pick_victims`], each file weighing
+    /// its bytes). Every member's GC
     /// lease is taken first (all or none, in the members' order, so two
     /// budgets over the same directories never both collect).
     pub fn gc(&self) -> GcReport {
@@ -162,7 +162,9 @@ impl DiskBudget {
             m.known.write().unwrap_or_else(|e| e.into_inner()).clear();
         }
         let need = found_bytes - self.low_bytes;
-        let victims = self.victims(&mut files, need, SystemTime::now());
+        let keep = share_of(self.high_bytes, &self.share_ppm);
+        let each: Vec<(SystemTime, u64)> = files.iter().map(|f| (f.0, f.2)).collect();
+        let victims = pick_victims(&each, need, keep, SystemTime::now());
         let (mut deleted, mut freed) = (0, 0);
         for &i in &victims {
             let (_, p, b, m) = &files[i];
@@ -183,53 +185,5 @@ impl DiskBudget {
             deleted,
             leased_elsewhere: false,
         }
-    }
-
-    /// Indices into `files` of the files to delete to free `need` bytes
-    /// at `now`: low files (older than `COLD_BACKDATE / 32`, see
-    /// [`DiskTier::cool`]) while they hold more than the share of the
-    /// budget, in [`low_order`] (the span is the oldest normal file's
-    /// age); otherwise the oldest normal file, and a low one only when no
-    /// normal file is left.
-    fn victims(
-        &self,
-        files: &mut [(SystemTime, PathBuf, u64, usize)],
-        need: u64,
-        now: SystemTime,
-    ) -> Vec<usize> {
-        let cold = now
-            .checked_sub(COLD_BACKDATE / 32)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        files.sort_unstable_by_key(|f| f.0);
-        let split = files.partition_point(|f| f.0 < cold);
-        let span = files.get(split).map_or(Duration::ZERO, |f| {
-            now.duration_since(f.0).unwrap_or_default()
-        });
-        let low: Vec<(SystemTime, PathBuf, u64)> = files[..split]
-            .iter()
-            .map(|f| (f.0, PathBuf::new(), f.2))
-            .collect();
-        let low = low_order(&low, span, now);
-        let ppm = u128::from(self.share_ppm.load(Ordering::Relaxed));
-        let keep = (u128::from(self.high_bytes) * ppm / 1_000_000) as u64;
-        let mut low_bytes: u64 = files[..split].iter().map(|f| f.2).sum();
-        let (mut l, mut n, mut freed) = (0usize, split, 0u64);
-        let mut out = Vec::new();
-        while freed < need && (l < low.len() || n < files.len()) {
-            let take_low = l < low.len() && (low_bytes > keep || n == files.len());
-            let i = if take_low {
-                l += 1;
-                low[l - 1]
-            } else {
-                n += 1;
-                n - 1
-            };
-            if take_low {
-                low_bytes -= files[i].2;
-            }
-            freed += files[i].2;
-            out.push(i);
-        }
-        out
     }
 }

@@ -131,12 +131,15 @@ impl DiskTier {
             b.after_writes(n.saturating_mul(self.file_bytes()));
             return;
         }
-        if self.cfg.gc_every == 0 || n == 0 {
-            return;
-        }
-        let since = self.writes_since.fetch_add(n, Ordering::Relaxed) + n;
-        let estimate = self.last_found.load(Ordering::Relaxed) + since;
-        if since < self.cfg.gc_every && estimate <= self.cfg.high_watermark {
+        if self.cfg.gc_every == 0
+            || !count_due(
+                &self.last_found,
+                &self.writes_since,
+                n,
+                self.cfg.gc_every,
+                self.cfg.high_watermark,
+            )
+        {
             return;
         }
         let r = self.gc();
@@ -176,7 +179,7 @@ impl DiskTier {
             return b.gc();
         }
         let _one = self.gc_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut files = self.gather();
+        let files = self.gather();
         let found = files.len() as u64;
         self.last_found.store(found, Ordering::Relaxed);
         self.writes_since.store(0, Ordering::Relaxed);
@@ -199,7 +202,7 @@ impl DiskTier {
         };
         self.forget_all();
         let k = (found - self.cfg.low_watermark) as usize;
-        let victims = self.victims(&mut files, k, SystemTime::now());
+        let victims = self.victims(&files, k, SystemTime::now());
         let mut deleted = 0;
         for p in victims {
             // A file already gone (another GC, another machine) is fine.
@@ -237,49 +240,21 @@ impl DiskTier {
         f64::from(self.share_ppm.load(Ordering::Relaxed)) / 1e6
     }
 
-    /// The `k` files GC deletes out of `files` at `now`. A file is held at
-    /// low priority when its mtime lies further back than half the least
-    /// backdate [`DiskTier::cool`] gives (a block written or touched since
-    /// is younger; a normal block that old has not been used for years).
-    /// While low files number more than the share of the high watermark,
-    /// a low file goes ([`low_order`]: its write time plus its level times
-    /// the span the normal files cover); otherwise the oldest normal file,
-    /// and a low one only when no normal file is left.
+    /// The `k` files GC deletes out of `files` at `now`
+    /// ([`pick_victims`], each file counting 1): low files first while they
+    /// number more than the share of the high watermark.
     pub(super) fn victims(
         &self,
-        files: &mut [(SystemTime, PathBuf, u64)],
+        files: &[(SystemTime, PathBuf, u64)],
         k: usize,
         now: SystemTime,
     ) -> Vec<PathBuf> {
-        let cold = now
-            .checked_sub(COLD_BACKDATE / 32)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        files.sort_unstable_by_key(|(t, _, _)| *t);
-        let split = files.partition_point(|(t, _, _)| *t < cold);
-        let (low, normal) = files.split_at(split);
-        let span = normal.first().map_or(Duration::ZERO, |f| {
-            now.duration_since(f.0).unwrap_or_default()
-        });
-        let low: Vec<&PathBuf> = low_order(low, span, now)
+        let keep = share_of(self.cfg.high_watermark, &self.share_ppm);
+        let each: Vec<(SystemTime, u64)> = files.iter().map(|f| (f.0, 1)).collect();
+        pick_victims(&each, k as u64, keep, now)
             .into_iter()
-            .map(|i| &low[i].1)
-            .collect();
-        let ppm = u128::from(self.share_ppm.load(Ordering::Relaxed));
-        let keep = (u128::from(self.cfg.high_watermark) * ppm / 1_000_000) as u64;
-        let (mut l, mut n) = (0usize, 0usize);
-        let mut out = Vec::with_capacity(k.min(files.len()));
-        while out.len() < k && l + n < low.len() + normal.len() {
-            let low_left = (low.len() - l) as u64;
-            let take_low = l < low.len() && (low_left > keep || n == normal.len());
-            if take_low {
-                out.push(low[l].clone());
-                l += 1;
-            } else {
-                out.push(normal[n].1.clone());
-                n += 1;
-            }
-        }
-        out
+            .map(|i| files[i].1.clone())
+            .collect()
     }
 
     /// Takes the GC lease of the directory; returns its text (ours) or
@@ -331,7 +306,79 @@ pub(super) fn release_lease_in(dir: &Path, text: &str) {
     }
 }
 
-/// The order GC takes low files in (D83), as indices into `low`. [`DiskTier::cool`] backdated
+/// `share` (in millionths) of `total`.
+pub(super) fn share_of(total: u64, share_ppm: &AtomicU32) -> u64 {
+    let ppm = u128::from(share_ppm.load(Ordering::Relaxed));
+    (u128::from(total) * ppm / 1_000_000) as u64
+}
+
+/// Adds `n` written to `since`; whether the files are due to be counted
+/// again: `every` written since the last count, or the last count
+/// (`last`) plus those written since above `high`.
+pub(super) fn count_due(
+    last: &AtomicU64,
+    since: &AtomicU64,
+    n: u64,
+    every: u64,
+    high: u64,
+) -> bool {
+    if n == 0 {
+        return false;
+    }
+    let s = since.fetch_add(n, Ordering::Relaxed) + n;
+    s >= every || last.load(Ordering::Relaxed).saturating_add(s) > high
+}
+
+/// The files GC deletes, as indices into `files` (each its mtime and its
+/// weight: 1 for a count, its bytes for a byte budget), until `need` is
+/// freed at `now`. A file is low when its mtime lies further back than
+/// half the least backdate [`DiskTier::cool`] gives (a block written or
+/// touched since is younger; a normal block that old has not been used
+/// for years). While low files weigh more than `keep`, a low file goes,
+/// in [`low_order`] (the span is the oldest normal file's age);
+/// otherwise the oldest normal file, and a low one only when no normal
+/// file is left.
+pub(super) fn pick_victims(
+    files: &[(SystemTime, u64)],
+    need: u64,
+    keep: u64,
+    now: SystemTime,
+) -> Vec<usize> {
+    let cold = now
+        .checked_sub(COLD_BACKDATE / 32)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let mut by_age: Vec<usize> = (0..files.len()).collect();
+    by_age.sort_unstable_by_key(|&i| files[i].0);
+    let (low, normal) = by_age.split_at(by_age.partition_point(|&i| files[i].0 < cold));
+    let span = normal.first().map_or(Duration::ZERO, |&i| {
+        now.duration_since(files[i].0).unwrap_or_default()
+    });
+    let times: Vec<SystemTime> = low.iter().map(|&i| files[i].0).collect();
+    let low: Vec<usize> = low_order(&times, span, now)
+        .into_iter()
+        .map(|j| low[j])
+        .collect();
+    let mut low_left: u64 = low.iter().map(|&i| files[i].1).sum();
+    let (mut l, mut n, mut freed) = (0usize, 0usize, 0u64);
+    let mut out = Vec::new();
+    while freed < need && l + n < files.len() {
+        let take_low = l < low.len() && (low_left > keep || n == normal.len());
+        let i = if take_low {
+            l += 1;
+            low_left -= files[low[l - 1]].1;
+            low[l - 1]
+        } else {
+            n += 1;
+            normal[n - 1]
+        };
+        freed += files[i].1;
+        out.push(i);
+    }
+    out
+}
+
+/// The order GC takes low files in (D83), as indices into `low` (their
+/// mtimes). [`DiskTier::cool`] backdated
 /// each by a sixteenth of [`COLD_BACKDATE`] per level below 16, so its
 /// mtime gives both its level and when it was cooled (its write). Each
 /// goes in the order of that write time plus its level times `span` (the
@@ -339,16 +386,12 @@ pub(super) fn release_lease_in(dir: &Path, text: &str) {
 /// among files written together the lowest level goes first, while a file
 /// that has outlived the sure data (the K/V its state resumes over) by
 /// more than its level's credit goes before younger ones of lower levels.
-pub(super) fn low_order(
-    low: &[(SystemTime, PathBuf, u64)],
-    span: Duration,
-    now: SystemTime,
-) -> Vec<usize> {
+pub(super) fn low_order(low: &[SystemTime], span: Duration, now: SystemTime) -> Vec<usize> {
     let step = COLD_BACKDATE / 16;
     let mut keyed: Vec<(Duration, u32, usize)> = low
         .iter()
         .enumerate()
-        .map(|(i, (t, _, _))| {
+        .map(|(i, t)| {
             let age = now.duration_since(*t).unwrap_or_default();
             // Sixteenths of the backdate in its age: 16 - level (a write
             // younger than a sixteenth, about two years, decodes exactly).
@@ -438,11 +481,12 @@ mod tests {
             // Level 1, cooled half a span ago: credit left.
             cooled("recent-1", 1, hour / 2, now),
         ];
-        let order = low_order(&low, hour, now);
+        let times: Vec<SystemTime> = low.iter().map(|f| f.0).collect();
+        let order = low_order(&times, hour, now);
         let names: Vec<_> = order.iter().map(|&i| low[i].1.to_str().unwrap()).collect();
         assert_eq!(names, ["stale-3", "fresh-0", "recent-1", "fresh-2"]);
         // With no span (no normal file), the oldest write goes first.
-        let order = low_order(&low, Duration::ZERO, now);
+        let order = low_order(&times, Duration::ZERO, now);
         let names: Vec<_> = order.iter().map(|&i| low[i].1.to_str().unwrap()).collect();
         assert_eq!(names, ["stale-3", "recent-1", "fresh-0", "fresh-2"]);
     }
