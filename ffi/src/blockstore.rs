@@ -18,8 +18,8 @@ use std::time::Duration;
 use ucm_coordinator::store::device::{IoEngineConfig, IoEngineKind};
 use ucm_coordinator::store::pool::PoolMode;
 use ucm_coordinator::store::{
-    BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskConfig, DiskTier, Durability, Geometry,
-    ItemOutcome, PoolConfig, SyncMode, TaskHandle, TaskItem, TieredBlockStore,
+    BlockId, BlockStore, BlockStoreConfig, ClockPool, DiskBudget, DiskConfig, DiskTier, Durability,
+    Geometry, ItemOutcome, PoolConfig, SyncMode, TaskHandle, TaskItem, TieredBlockStore,
 };
 use ucm_device::{Device, HostDevice};
 
@@ -43,6 +43,16 @@ pub struct RawStoreOptions {
     pub backend: Backend,
     /// How the disk tier makes writes durable.
     pub sync: SyncMode,
+    /// A disk byte budget to share with other stores (the stores of one
+    /// engine's host pools): this store's disk tier joins it, bringing
+    /// the bytes of its `disk_blocks` files to a
+    /// [`DiskBudget::summed`], and collects with the others as one.
+    pub disk_budget: Option<Arc<DiskBudget>>,
+    /// With `disk_budget`: the link of the stores that hold the other
+    /// parts of each block under the same ids (a block's components of
+    /// other sizes), whose files the budget takes or keeps together
+    /// ([`DiskTier::join_budget_linked`]).
+    pub disk_link: Option<u64>,
 }
 
 impl RawStoreOptions {
@@ -57,6 +67,8 @@ impl RawStoreOptions {
             workers: 2,
             backend: Backend::Host,
             sync: SyncMode::Auto,
+            disk_budget: None,
+            disk_link: None,
         }
     }
 }
@@ -173,6 +185,11 @@ fn open_on<D: Device>(dev: &Arc<D>, opts: &RawStoreOptions) -> Result<TieredBloc
     let mut dcfg = DiskConfig::new(&opts.dir, geo, opts.disk_blocks);
     dcfg.sync = opts.sync;
     let disk = DiskTier::open(dcfg, engine)?;
+    match (&opts.disk_budget, opts.disk_link) {
+        (Some(b), Some(link)) => disk.join_budget_linked(b, link),
+        (Some(b), None) => disk.join_budget(b),
+        (None, _) => false,
+    };
     let cfg = BlockStoreConfig {
         workers: opts.workers.max(1),
         ..BlockStoreConfig::default()

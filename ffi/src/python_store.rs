@@ -9,8 +9,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use std::sync::Arc;
+
 use crate::blockstore::{RawItem, RawStore, RawStoreOptions};
-use crate::coordinator::store::{BlockId, Geometry};
+use crate::coordinator::store::{BlockId, DiskBudget, Geometry};
 use crate::error::FfiError;
 use crate::runtime::Backend;
 
@@ -51,6 +53,44 @@ fn items_of(ids: &[Vec<u8>], shards: &[u32], addrs: &[u64]) -> PyResult<Vec<RawI
 /// One item that did not succeed: `(block_id, shard, kind, detail)`.
 type Problem<'py> = (Bound<'py, PyBytes>, u32, &'static str, String);
 
+/// One disk byte budget for several block stores (an engine's host pools:
+/// K/V pages and Mamba states): each store opened with it brings the bytes
+/// of its `disk_blocks` files, and their disk tiers are collected as one,
+/// oldest files first whichever store holds them, so the room each store
+/// gets follows what is used.
+#[pyclass(name = "DiskBudget", module = "ucm", frozen)]
+pub struct PyDiskBudget(Arc<DiskBudget>);
+
+#[pymethods]
+impl PyDiskBudget {
+    /// An empty budget; stores bring their bytes as they join it.
+    #[new]
+    fn new() -> Self {
+        PyDiskBudget(DiskBudget::summed())
+    }
+
+    /// The capacity in bytes: what the stores that joined brought.
+    #[getter]
+    fn capacity_bytes(&self) -> u64 {
+        self.0.high_bytes()
+    }
+
+    /// A new link number: stores opened with it (`budget_link`) hold the
+    /// parts of one set of blocks under the same ids (a block's
+    /// components of several sizes), and the budget takes or keeps each
+    /// block's parts together.
+    fn new_link(&self) -> u64 {
+        self.0.new_link()
+    }
+
+    /// Collects now (GC is otherwise run by the stores' writes): returns
+    /// `(block_files_found, deleted)`.
+    fn collect(&self, py: Python<'_>) -> (u64, u64) {
+        let r = py.detach(|| self.0.gc());
+        (r.found, r.deleted)
+    }
+}
+
 /// A block store over raw addresses: blocks of `shards_per_block` shards
 /// of `shard_bytes` each, under `dir`.
 #[pyclass(name = "BlockStore", module = "ucm", frozen)]
@@ -62,10 +102,14 @@ impl PyBlockStore {
     /// addresses are: `cpu` (host memory) or `cuda[:N]`. `sync_mode` is how the
     /// disk tier makes writes durable: `auto` (one `syncfs` per batch where
     /// the file system allows) or `files` (an fsync per file and
-    /// directory, for a busy shared file system).
+    /// directory, for a busy shared file system). With `disk_budget` (a
+    /// `DiskBudget`), the disk tier collects with the budget's other
+    /// stores instead of alone; with `budget_link` too (from
+    /// `DiskBudget.new_link`), as one part of blocks whose other parts the
+    /// stores of that link hold.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (dir, shard_bytes, shards_per_block, pool_bytes=256 << 20, disk_blocks=1 << 20, workers=2, device="cpu", sync_mode="auto"))]
+    #[pyo3(signature = (dir, shard_bytes, shards_per_block, pool_bytes=256 << 20, disk_blocks=1 << 20, workers=2, device="cpu", sync_mode="auto", disk_budget=None, budget_link=None))]
     fn new(
         py: Python<'_>,
         dir: &str,
@@ -76,7 +120,14 @@ impl PyBlockStore {
         workers: usize,
         device: &str,
         sync_mode: &str,
+        disk_budget: Option<&PyDiskBudget>,
+        budget_link: Option<u64>,
     ) -> PyResult<Self> {
+        if budget_link.is_some() && disk_budget.is_none() {
+            return Err(PyValueError::new_err(
+                "budget_link without disk_budget: a link is one of a budget's",
+            ));
+        }
         let backend = Backend::parse(device).map_err(err)?;
         let sync = sync_mode.parse().map_err(|e| err(FfiError::from(e)))?;
         let mut o = RawStoreOptions::new(
@@ -91,6 +142,8 @@ impl PyBlockStore {
         o.workers = workers;
         o.backend = backend;
         o.sync = sync;
+        o.disk_budget = disk_budget.map(|b| Arc::clone(&b.0));
+        o.disk_link = budget_link;
         Ok(PyBlockStore(py.detach(|| RawStore::open(o)).map_err(err)?))
     }
 
@@ -205,7 +258,8 @@ impl PyBlockStore {
     }
 }
 
-/// Adds the class to the module.
+/// Adds the classes to the module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyBlockStore>()
+    m.add_class::<PyBlockStore>()?;
+    m.add_class::<PyDiskBudget>()
 }

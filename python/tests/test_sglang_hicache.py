@@ -224,6 +224,35 @@ def test_hybrid_v2_trailing_states_gate_the_hit(tmp_path):
         assert torch.equal(x, y)
 
 
+def test_the_host_pools_share_one_disk_budget(tmp_path):
+    """With ``ucm_disk_blocks=8``, the KV pool's and the Mamba pool's stores
+    collect as one budget of bytes: twelve KV pages written after eight
+    states all stay on disk (alone, the KV stores would keep 8), paid for
+    by the older states, each taken whole (its temporal and conv states
+    are in two stores)."""
+    kv, mamba = KVPool(seed=10), MambaPool(seed=11)
+    a = backend(tmp_path, kv, ucm_disk_blocks=8)
+    a.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    states = [f"s{i}" for i in range(8)]
+    got = a.batch_set_v2([PoolTransfer(name=PoolName.MAMBA, keys=states, host_indices=torch.arange(8))])
+    assert got == {PoolName.MAMBA: [True] * 8}
+    keys = [f"p{i}" for i in range(12)]
+    for i in range(0, 12, 4):  # four pages per batch, as HiCache backs up
+        assert a.batch_set_v1(keys[i : i + 4], pages(*range(i, i + 4))) == [True] * 4
+    # Another instance (its memory tiers empty) sees what is on disk.
+    b = backend(tmp_path, KVPool(), ucm_disk_blocks=8)
+    b.register_mem_host_pool_v2(MambaPool(), PoolName.MAMBA)
+    assert b.batch_exists(keys) == 12
+    held = b._pool(PoolName.MAMBA).stores.exists(b._ids(states))
+    # Of the eight states (one batch, written store by store), five went
+    # (about: the last pass runs after any of the last writes), each whole:
+    # no component of a lost state stays on disk.
+    assert 0 < sum(held) <= 3, held
+    root = tmp_path / "store" / str(PoolName.MAMBA)
+    files = sum(len(fs) for d in root.iterdir() if d.is_dir() for _, _, fs in os.walk(d / "blocks"))
+    assert files == 2 * sum(held), (files, held)  # two stores
+
+
 def test_tp_ranks_keep_their_pages_and_mla_ranks_share_them(tmp_path):
     pool = KVPool(seed=6)
     r0 = backend(tmp_path, pool, tp_rank=0, tp_size=2)

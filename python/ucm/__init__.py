@@ -16,6 +16,7 @@ __path__ = __import__("pkgutil").extend_path(__path__, __name__)
 from ucm._ucm import (  # noqa: F401
     BlockStore,
     Cache,
+    DiskBudget,
     Scheduler,
     SpecTable,
     Worker,
@@ -27,6 +28,7 @@ from ucm._ucm import (  # noqa: F401
 __all__ = [
     "BlockStore",
     "Cache",
+    "DiskBudget",
     "Scheduler",
     "SpecTable",
     "Worker",

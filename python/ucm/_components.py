@@ -7,6 +7,12 @@ BlockStore under ``<root>/<size>``, and component ``c`` of a block is shard
 ``k`` of its size's store, ``k`` counting the components of that size
 before it. A block is present only when every store holds it.
 
+The stores' disk tiers collect as one (a ``DiskBudget`` of the bytes of
+``disk_blocks`` blocks), together with any other stores given the same
+budget (the other host pools of one SGLang engine), and a block's
+components go together: GC never keeps a component of a block that lost
+another.
+
 The component sizes are recorded in ``<root>/LAYOUT`` (written once,
 atomically; another layout over the same root is refused), so a process
 that does not know them (upstream UCM's scheduler side) can still look
@@ -20,7 +26,7 @@ import os
 import tempfile
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ucm._ucm import BlockStore
+from ucm._ucm import BlockStore, DiskBudget
 
 LAYOUT = "LAYOUT"
 
@@ -68,7 +74,8 @@ class Handle:
 
 
 class ComponentStores:
-    """The stores of one block layout under ``root``."""
+    """The stores of one block layout under ``root``. ``disk_budget``: a
+    ``DiskBudget`` shared with other stores (default: one of their own)."""
 
     def __init__(
         self,
@@ -80,6 +87,7 @@ class ComponentStores:
         workers: int = 2,
         device: str = "cpu",
         sync_mode: str = "auto",
+        disk_budget: Optional[DiskBudget] = None,
     ) -> None:
         self.root = root
         self._opts = dict(
@@ -89,6 +97,10 @@ class ComponentStores:
             device=device,
             sync_mode=sync_mode,
         )
+        # One budget for the stores (shared with others when given), and a
+        # link: a block's components are taken or kept together.
+        self._budget = disk_budget if disk_budget is not None else DiskBudget()
+        self._link = self._budget.new_link()
         self.sizes: Optional[List[int]] = None
         self._stores: List[BlockStore] = []
         self._where: List[Tuple[int, int]] = []
@@ -123,7 +135,14 @@ class ComponentStores:
             counts[k] += 1
         order = sorted(by_size.items(), key=lambda kv: kv[1])
         self._stores = [
-            BlockStore(os.path.join(self.root, str(size)), size, counts[k], **self._opts)
+            BlockStore(
+                os.path.join(self.root, str(size)),
+                size,
+                counts[k],
+                disk_budget=self._budget,
+                budget_link=self._link,
+                **self._opts,
+            )
             for size, k in order
         ]
         self._where = where

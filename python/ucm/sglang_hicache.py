@@ -8,14 +8,15 @@ Loaded by SGLang's ``--hicache-storage-backend dynamic`` with
 
 Optional keys: ``ucm_identity`` (a dict of names to strings added to the
 deployment's identity), ``ucm_pool_bytes`` (memory tier per component store,
-default 256 MiB), ``ucm_disk_blocks`` (block files before GC per store,
-default 2^20), ``ucm_workers``, ``ucm_durable_wait`` (a set returns once its
-pages are on disk, where every other instance sees them, not only in this
-instance's memory tier; default true: HiCache writes on its own backup
-thread, never on the forward path), ``ucm_sync_mode`` (how the disk tier makes
-writes durable: ``auto``, one ``syncfs`` per batch where the file system
-allows, or ``files``, an fsync per file and directory, for a store on a
-busy shared file system).
+default 256 MiB), ``ucm_disk_blocks`` (pages on disk before GC per host
+pool, default 2^20; the pools' disk tiers collect as one, by bytes, so K/V
+pages and Mamba states get the room their use asks for), ``ucm_workers``,
+``ucm_durable_wait`` (a set returns once its pages are on disk, where every
+other instance sees them, not only in this instance's memory tier; default
+true: HiCache writes on its own backup thread, never on the forward path),
+``ucm_sync_mode`` (how the disk tier makes writes durable: ``auto``, one
+``syncfs`` per batch where the file system allows, or ``files``, an fsync
+per file and directory, for a store on a busy shared file system).
 
 Zero copy: pages move between SGLang's host pools and the store through
 the pools' ``get_page_buffer_meta`` addresses. A page is one block; each of
@@ -63,7 +64,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from ucm._components import ComponentStores
+from ucm._components import ComponentStores, DiskBudget
 from ucm.identity import key_identity, pool_layout
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class _PoolStores:
     """The stores of one host pool: a page is a block, each of its buffers
     a component (``ucm._components``)."""
 
-    def __init__(self, name: str, pool: Any, root: str, opts: Dict[str, Any]) -> None:
+    def __init__(self, name: str, pool: Any, root: str, opts: Dict[str, Any], budget: DiskBudget) -> None:
         self.name = name
         self.pool = pool
         self.page_size = int(getattr(pool, "page_size", 1) or 1)
@@ -102,6 +103,7 @@ class _PoolStores:
                 disk_blocks=int(opts.get("ucm_disk_blocks", 1 << 20)),
                 workers=int(opts.get("ucm_workers", 2)),
                 sync_mode=str(opts.get("ucm_sync_mode", "auto")),
+                disk_budget=budget,
             )
         except ValueError as e:
             raise ValueError(
@@ -170,6 +172,8 @@ class UcmHiCacheStorage(HiCacheStorage):
         self._user_identity = extra.get("ucm_identity")
         self._tag = self._base_tag + key_identity(c.model_name, self._user_identity, None) + "|"
         self._pools: Dict[str, _PoolStores] = {}
+        # One disk byte budget for every host pool's stores.
+        self._disk_budget = DiskBudget()
         pool = (kwargs or {}).get("mem_pool_host") if isinstance(kwargs, dict) else None
         if pool is not None:
             self.register_mem_pool_host(pool)
@@ -179,7 +183,7 @@ class UcmHiCacheStorage(HiCacheStorage):
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """The KV host pool (the anchor)."""
         super().register_mem_pool_host(mem_pool_host)
-        self._pools[KV] = _PoolStores(KV, mem_pool_host, self._root, self._opts)
+        self._pools[KV] = _PoolStores(KV, mem_pool_host, self._root, self._opts, self._disk_budget)
         # The KV pool's layout and dtype are part of the identity.
         self._tag = (
             self._base_tag
@@ -193,7 +197,7 @@ class UcmHiCacheStorage(HiCacheStorage):
         name = str(host_pool_name)
         if name == KV and KV in self._pools:
             return
-        self._pools[name] = _PoolStores(name, host_pool, self._root, self._opts)
+        self._pools[name] = _PoolStores(name, host_pool, self._root, self._opts, self._disk_budget)
 
     def _pool(self, name: Any) -> _PoolStores:
         p = self._pools.get(str(name))

@@ -519,6 +519,118 @@ fn tiers_sharing_a_budget_give_up_their_oldest_bytes_whatever_the_tier() {
 }
 
 #[test]
+fn a_summed_budget_holds_what_its_members_bring_and_collects_them_as_one() {
+    // Two tiers of 4 files each (small blocks and big ones), joining one
+    // at a time: the budget is the bytes of their own capacities.
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let open_gc = |d: &Path, g: Geometry| {
+        let mut cfg = DiskConfig::new(d, g, 4);
+        cfg.gc_every = 0;
+        DiskTier::open(cfg, engine()).unwrap()
+    };
+    let (a, b) = (open_gc(dirs.0.path(), SMALL), open_gc(dirs.1.path(), GEO));
+    let (fa, fb) = (a.file_bytes(), b.file_bytes());
+    let budget = ucm_store::DiskBudget::summed();
+    assert!(a.join_budget(&budget));
+    assert_eq!(budget.high_bytes(), 4 * fa);
+    assert!(b.join_budget(&budget));
+    assert_eq!(budget.high_bytes(), 4 * fa + 4 * fb);
+    // Four big blocks (minutes 0-3), then eight small ones (10-17): the
+    // small tier holds twice its own 4 files, paid for by the oldest big
+    // block; the newer big ones stay.
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    for n in 0..4 {
+        write_at(&b, GEO, 100 + n, base, n);
+    }
+    for n in 0..8 {
+        write_at(&a, SMALL, n, base, 10 + n);
+    }
+    let present = |t: &DiskTier, ns: std::ops::Range<u64>| -> Vec<u64> {
+        ns.filter(|&n| t.exists(&id(n))).collect()
+    };
+    assert_eq!(present(&a, 0..8), (0..8).collect::<Vec<_>>());
+    assert_eq!(present(&b, 100..104), [101, 102, 103]);
+    assert!(8 * fa + 3 * fb <= budget.high_bytes());
+}
+
+#[test]
+fn a_store_opened_again_under_a_budget_brings_no_bytes_and_forgets_what_it_collects() {
+    let dir = tempfile::tempdir().unwrap();
+    let open_gc = || {
+        let mut cfg = DiskConfig::new(dir.path(), SMALL, 4);
+        cfg.gc_every = 0;
+        DiskTier::open(cfg, engine()).unwrap()
+    };
+    let (a, again) = (open_gc(), open_gc());
+    let budget = ucm_store::DiskBudget::summed();
+    assert!(a.join_budget(&budget) && again.join_budget(&budget));
+    assert_eq!(
+        budget.high_bytes(),
+        4 * a.file_bytes(),
+        "one directory, counted once"
+    );
+    // The second store writes four blocks and looks them up (it knows
+    // them); the first writes four more: the budget's GC takes the oldest,
+    // and the second store no longer finds them.
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    for n in 0..4 {
+        write_at(&again, SMALL, n, base, n);
+    }
+    assert_eq!(
+        again.lookup_on_prefix(&(0..4).map(id).collect::<Vec<_>>()),
+        4
+    );
+    for n in 4..8 {
+        write_at(&a, SMALL, n, base, 10 + n);
+    }
+    assert!(!again.exists(&id(0)) && !a.exists(&id(0)));
+    let held = (0..8).filter(|&n| a.exists(&id(n))).count() as u64;
+    assert!((3..=4).contains(&held), "{held} files held");
+}
+
+#[test]
+fn linked_tiers_lose_a_block_whole_never_one_part() {
+    // A block of two parts (one 4 KiB shard here, eight there), one tier
+    // per part, linked; each tier's parts written in a batch of its own,
+    // as a block of components of two sizes is. Room for 4 blocks.
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let open_gc = |d: &Path, g: Geometry| {
+        let mut cfg = DiskConfig::new(d, g, 4);
+        cfg.gc_every = 0;
+        DiskTier::open(cfg, engine()).unwrap()
+    };
+    let (a, b) = (open_gc(dirs.0.path(), SMALL), open_gc(dirs.1.path(), GEO));
+    let budget = ucm_store::DiskBudget::summed();
+    let link = budget.new_link();
+    assert_ne!(budget.new_link(), link);
+    assert!(a.join_budget_linked(&budget, link) && b.join_budget_linked(&budget, link));
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    // Blocks 0-3 (small parts at minutes 0-3, big ones at 10-13), then
+    // 4-5 (small at 20-21, big at 30-31).
+    for (from, to, at) in [(0, 4, 0), (4, 6, 16)] {
+        for n in from..to {
+            write_at(&a, SMALL, n, base, at + n);
+        }
+        for n in from..to {
+            write_at(&b, GEO, n, base, at + 10 + n);
+        }
+    }
+    let whole: Vec<u64> = (0..6)
+        .filter(|&n| a.exists(&id(n)) && b.exists(&id(n)))
+        .collect();
+    let parts = (0..6)
+        .filter(|&n| a.exists(&id(n)) || b.exists(&id(n)))
+        .count();
+    assert_eq!(parts, whole.len(), "no part outlives its block: {whole:?}");
+    assert_eq!(
+        whole.first(),
+        Some(&2),
+        "the oldest blocks went whole: {whole:?}"
+    );
+    assert_eq!(whole.last(), Some(&5));
+}
+
+#[test]
 fn a_budget_keeps_low_files_within_its_share_and_takes_them_first_beyond_it() {
     let BudgetPair { a, b, _dirs, .. } = budget_pair(2, 6);
     let small = SMALL;

@@ -295,14 +295,9 @@ impl<D: Device> StoreSet<D> {
             .chain(snap.values().map(|s| s.blocks()))
             .filter_map(|s| s.disk())
             .collect();
-        if !disks.is_empty() {
-            let total = disks.iter().fold(0u64, |t, d| {
-                t.saturating_add(d.file_bytes().saturating_mul(cfg.disk_blocks))
-            });
-            let budget = DiskBudget::new(total);
-            for d in disks {
-                d.join_budget(&budget);
-            }
+        let budget = DiskBudget::summed();
+        for d in disks {
+            d.join_budget(&budget);
         }
         Ok(StoreSet {
             dir: dir.to_path_buf(),

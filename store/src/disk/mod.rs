@@ -352,10 +352,24 @@ impl DiskTier {
     /// over every member. Its own watermarks are then unused. Returns
     /// false (and changes nothing) when it already joined one.
     pub fn join_budget(&self, budget: &Arc<DiskBudget>) -> bool {
+        self.join(budget, None)
+    }
+
+    /// As [`DiskTier::join_budget`], for a tier that holds one part of
+    /// each block and the other members joined with the same `link` the
+    /// other parts, under the same ids (a block's components of several
+    /// sizes, one tier per size): the budget's GC takes or keeps a
+    /// block's files in all of them together, so it never keeps a part
+    /// whose block lost another.
+    pub fn join_budget_linked(&self, budget: &Arc<DiskBudget>, link: u64) -> bool {
+        self.join(budget, Some(link))
+    }
+
+    fn join(&self, budget: &Arc<DiskBudget>, link: Option<u64>) -> bool {
         if self.budget.set(Arc::clone(budget)).is_err() {
             return false;
         }
-        budget.join(self);
+        budget.join(self, link);
         budget.set_speculative_share(self.speculative_share());
         true
     }
