@@ -438,6 +438,14 @@ const SMALL: Geometry = Geometry {
     shards_per_block: 1,
 };
 
+/// A tier of `capacity` files under `dir` whose GC runs only when called
+/// (or by its budget).
+fn gc_tier(dir: &Path, g: Geometry, capacity: u64) -> DiskTier {
+    let mut cfg = DiskConfig::new(dir, g, capacity);
+    cfg.gc_every = 0;
+    DiskTier::open(cfg, engine()).unwrap()
+}
+
 /// A small tier (`SMALL`) and a big one (`GEO`) in two directories, each
 /// of 10 files on its own (never collected alone), joined to one budget
 /// of `big` big files and `small` small ones. Bind `_dirs`: the
@@ -451,12 +459,10 @@ struct BudgetPair {
 
 fn budget_pair(big: u64, small: u64) -> BudgetPair {
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let open_gc = |d: &Path, g: Geometry| {
-        let mut cfg = DiskConfig::new(d, g, 10);
-        cfg.gc_every = 0;
-        DiskTier::open(cfg, engine()).unwrap()
-    };
-    let (a, b) = (open_gc(dirs.0.path(), SMALL), open_gc(dirs.1.path(), GEO));
+    let (a, b) = (
+        gc_tier(dirs.0.path(), SMALL, 10),
+        gc_tier(dirs.1.path(), GEO, 10),
+    );
     let budget = ucm_store::DiskBudget::new(big * b.file_bytes() + small * a.file_bytes());
     assert!(a.join_budget(&budget) && b.join_budget(&budget));
     BudgetPair {
@@ -523,12 +529,10 @@ fn a_summed_budget_holds_what_its_members_bring_and_collects_them_as_one() {
     // Two tiers of 4 files each (small blocks and big ones), joining one
     // at a time: the budget is the bytes of their own capacities.
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let open_gc = |d: &Path, g: Geometry| {
-        let mut cfg = DiskConfig::new(d, g, 4);
-        cfg.gc_every = 0;
-        DiskTier::open(cfg, engine()).unwrap()
-    };
-    let (a, b) = (open_gc(dirs.0.path(), SMALL), open_gc(dirs.1.path(), GEO));
+    let (a, b) = (
+        gc_tier(dirs.0.path(), SMALL, 4),
+        gc_tier(dirs.1.path(), GEO, 4),
+    );
     let (fa, fb) = (a.file_bytes(), b.file_bytes());
     let budget = ucm_store::DiskBudget::summed();
     assert!(a.join_budget(&budget));
@@ -556,12 +560,7 @@ fn a_summed_budget_holds_what_its_members_bring_and_collects_them_as_one() {
 #[test]
 fn a_store_opened_again_under_a_budget_brings_no_bytes_and_forgets_what_it_collects() {
     let dir = tempfile::tempdir().unwrap();
-    let open_gc = || {
-        let mut cfg = DiskConfig::new(dir.path(), SMALL, 4);
-        cfg.gc_every = 0;
-        DiskTier::open(cfg, engine()).unwrap()
-    };
-    let (a, again) = (open_gc(), open_gc());
+    let (a, again) = (gc_tier(dir.path(), SMALL, 4), gc_tier(dir.path(), SMALL, 4));
     let budget = ucm_store::DiskBudget::summed();
     assert!(a.join_budget(&budget) && again.join_budget(&budget));
     assert_eq!(
@@ -594,12 +593,10 @@ fn linked_tiers_lose_a_block_whole_never_one_part() {
     // per part, linked; each tier's parts written in a batch of its own,
     // as a block of components of two sizes is. Room for 4 blocks.
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let open_gc = |d: &Path, g: Geometry| {
-        let mut cfg = DiskConfig::new(d, g, 4);
-        cfg.gc_every = 0;
-        DiskTier::open(cfg, engine()).unwrap()
-    };
-    let (a, b) = (open_gc(dirs.0.path(), SMALL), open_gc(dirs.1.path(), GEO));
+    let (a, b) = (
+        gc_tier(dirs.0.path(), SMALL, 4),
+        gc_tier(dirs.1.path(), GEO, 4),
+    );
     let budget = ucm_store::DiskBudget::summed();
     let link = budget.new_link();
     assert_ne!(budget.new_link(), link);
