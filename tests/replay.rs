@@ -10,14 +10,15 @@ fn ucm() -> Command {
     c
 }
 
-/// Runs `cmd`, checks that it succeeded, and parses its JSON report.
+/// Runs `cmd`, checks that it succeeded, and parses its JSON report. Its
+/// progress, captured (not a terminal), is whole lines, never a line
+/// rewritten with carriage returns.
 fn report(cmd: &mut Command) -> serde_json::Value {
     let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains('\r'), "progress rewritten in a log: {err:?}");
+    assert!(!err.trim().is_empty(), "no progress shown");
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

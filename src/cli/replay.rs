@@ -197,8 +197,54 @@ pub(crate) struct ReplayArgs {
 /// Runs of each loading mode in a workload replay, for the TTFT's spread.
 pub(crate) const DEFAULT_REPLAY_RUNS: usize = 3;
 
+/// A long run's progress on stderr: rewritten in place on a terminal; in a
+/// captured log (not a terminal), one line at most every few seconds, so
+/// the log stays readable.
+pub(crate) struct StatusLine {
+    tty: bool,
+    last: std::cell::Cell<Option<std::time::Instant>>,
+    shown: std::cell::Cell<bool>,
+}
+
+impl StatusLine {
+    /// Seconds between two lines in a log.
+    const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+    pub(crate) fn new() -> Self {
+        use std::io::IsTerminal;
+        StatusLine {
+            tty: std::io::stderr().is_terminal(),
+            last: std::cell::Cell::new(None),
+            shown: std::cell::Cell::new(false),
+        }
+    }
+
+    /// Shows `l`, the progress now.
+    pub(crate) fn show(&self, l: &str) {
+        use std::io::Write;
+        let mut e = std::io::stderr();
+        if self.tty {
+            let _ = write!(e, "\r{l}");
+            let _ = e.flush();
+            self.shown.set(true);
+            return;
+        }
+        let now = std::time::Instant::now();
+        if self.last.get().is_none_or(|t| now - t >= Self::LOG_EVERY) {
+            self.last.set(Some(now));
+            let _ = writeln!(e, "{l}");
+        }
+    }
+
+    /// Ends the line a terminal was shown.
+    pub(crate) fn end(&self) {
+        if self.shown.get() {
+            eprintln!();
+        }
+    }
+}
+
 pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
-    use std::io::Write;
     if a.trace.is_some() {
         return replay_trace(a);
     }
@@ -261,11 +307,8 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
         }
         return replay_instances(&cfg, a.instances, a.json);
     }
-    let progress = |l: &str| {
-        let mut e = std::io::stderr();
-        let _ = write!(e, "\r{l}");
-        let _ = e.flush();
-    };
+    let status = StatusLine::new();
+    let progress = |l: &str| status.show(l);
     struct OnDevice<'a, P>(&'a ucm::replay::ReplayConfig, &'a P);
     impl<P: Fn(&str)> ucm::device::DeviceVisitor for OnDevice<'_, P> {
         type Output = Result<ucm::replay::Report, ucm::replay::ReplayError>;
@@ -276,7 +319,7 @@ pub(crate) fn replay(a: ReplayArgs) -> Result<(), String> {
     let report = super::bench::open_device(&a.device)?
         .visit(OnDevice(&cfg, &progress))
         .map_err(|e| e.to_string())?;
-    eprintln!();
+    status.end();
     if let Some(p) = &a.plot {
         std::fs::write(p, ucm::replay::render_svg(&report))
             .map_err(|e| format!("{}: {e}", p.display()))?;
@@ -365,16 +408,12 @@ pub(crate) fn sample(
     model: &ucm::replay::sim::units::Model,
     cfg: &ucm::replay::sim::SimConfig,
 ) -> Result<(), String> {
-    use std::io::Write;
     if a.limit.is_none() {
         return Err("--bytes moves every block: give a sample with --limit".into());
     }
     let dir = a.dir.clone().unwrap_or_else(default_scratch_parent);
-    let line = |l: &str| {
-        let mut e = std::io::stderr();
-        let _ = write!(e, "\r{l}");
-        let _ = e.flush();
-    };
+    let status = StatusLine::new();
+    let line = |l: &str| status.show(l);
     let r = ucm::replay::sim::sample::run_sample(
         t,
         &model.spec,
@@ -385,7 +424,7 @@ pub(crate) fn sample(
         &line,
     )
     .map_err(|e| e.to_string())?;
-    eprintln!();
+    status.end();
     if a.json {
         println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
     } else {
