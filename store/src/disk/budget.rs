@@ -90,12 +90,6 @@ impl DiskBudget {
         self.next_link.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The low watermark: 90% of the capacity.
-    fn low_bytes(&self) -> u64 {
-        let high = self.high_bytes();
-        high - high / 10
-    }
-
     /// The speculative share of the budget (as
     /// [`DiskTier::set_speculative_share`], of the bytes); a member's
     /// setting sets it.
@@ -135,12 +129,13 @@ impl DiskBudget {
     /// a sixteenth of the budget was written, or as soon as the bytes
     /// last found plus those written since exceed it.
     pub(super) fn after_writes(&self, bytes: u64) {
+        let high = self.high_bytes();
         if !count_due(
             &self.last_found,
             &self.written_since,
             bytes,
-            (self.high_bytes() / 16).max(1),
-            self.high_bytes(),
+            (high / 16).max(1),
+            high,
         ) {
             return;
         }
@@ -148,7 +143,7 @@ impl DiskBudget {
         if r.deleted > 0 || r.leased_elsewhere {
             log::debug!(
                 "disk budget of {} bytes: {} block files, {} deleted{}",
-                self.high_bytes(),
+                high,
                 r.found,
                 r.deleted,
                 if r.leased_elsewhere {
@@ -182,7 +177,10 @@ impl DiskBudget {
         let found = files.len() as u64;
         self.last_found.store(found_bytes, Ordering::Relaxed);
         self.written_since.store(0, Ordering::Relaxed);
-        let (high, low) = (self.high_bytes(), self.low_bytes());
+        // One reading of the capacity (a member may join meanwhile); GC
+        // deletes down to 90% of it.
+        let high = self.high_bytes();
+        let low = high - high / 10;
         if found_bytes <= high {
             return GcReport {
                 found,
