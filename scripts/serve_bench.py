@@ -416,7 +416,7 @@ def all_configs(args) -> int:
     if tp:
         report["throughput_with_stops_over_without"] = tp
         for arr, what in (("concurrent", "six prompts together"), ("sequential", "one prompt at a time")):
-            t = tp.get(arr, tp)
+            t = tp[arr]
             lines.append(
                 f"{'ucm':12} prefill throughput with chunk stops / without, {what}: median "
                 f"{t['median']:.3f} [{min(t['ratios']):.3f}-{max(t['ratios']):.3f}] over "
