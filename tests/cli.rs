@@ -321,8 +321,8 @@ fn bench_store_refuses_a_device_it_cannot_run_on() {
 
 /// `bench store --sync-mode`: `files` makes each dump durable with fsyncs
 /// only (no `syncfs`), `auto` with one `syncfs` per batch where the file
-/// system's `syncfs` stands for them; the record says which. A bad mode is
-/// refused.
+/// system's `syncfs` stands for them; the record says which, and names
+/// the disk tier's engine. A bad mode is refused.
 #[test]
 fn bench_store_dumps_in_the_sync_mode_asked_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -345,6 +345,35 @@ fn bench_store_dumps_in_the_sync_mode_asked_for() {
         assert_eq!(dump["sync_mode"], mode);
         let syncs = dump["fs_syncs"].as_u64().expect("fs_syncs");
         assert_eq!(syncs > 0, mode == "auto" && by_fs, "{mode}: {syncs}");
+    }
+    // The disk records name the engine `auto` resolved to: POSIX on
+    // tmpfs (D88), a named engine as asked.
+    let shm = std::path::Path::new("/dev/shm");
+    let shm_is_tmpfs = std::process::Command::new("df")
+        .args(["--output=fstype"])
+        .arg(shm)
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().nth(1) == Some("tmpfs"));
+    let cases: &[(&std::path::Path, &str, Option<&str>)] = &[
+        (dir.path(), "posix", Some("posix")),
+        (shm, "auto", shm_is_tmpfs.then_some("posix")),
+    ];
+    for &(at, engine, want) in cases {
+        let out = run_ok(
+            ucm()
+                .args(["bench", "store", "--json", "--size", "4M"])
+                .args(["--shard-sizes", "64K", "--reps", "1", "--no-fio"])
+                .args(["--engine", engine, "--dir"])
+                .arg(at),
+        );
+        let recs = json_lines(&out);
+        for path in ["dump_cold", "load_cold"] {
+            let r = recs.iter().find(|r| r["path"] == path).expect(path);
+            let got = r["engine"].as_str().expect("an engine");
+            if let Some(w) = want {
+                assert_eq!(got, w, "{path} at {}", at.display());
+            }
+        }
     }
     run_err(
         ucm()

@@ -147,6 +147,10 @@ pub struct StoreBenchRecord {
     /// See `sync_mode`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fs_syncs: Option<u64>,
+    /// The disk paths: the I/O engine the disk tier ran on (`--engine
+    /// auto` resolved for the directory: POSIX on tmpfs, D88).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 /// Errors of the store bench.
@@ -200,6 +204,7 @@ pub(super) fn record(
         load_average: None,
         sync_mode: None,
         fs_syncs: None,
+        engine: None,
     }
 }
 
@@ -333,7 +338,7 @@ pub(super) fn open_store_with<D: Device>(
         load_timeout,
         dirty_timeout: Duration::from_secs(600),
     })?;
-    let engine = Arc::from(IoEngineConfig::new(cfg.engine).build()?);
+    let engine = Arc::from(IoEngineConfig::for_dir(cfg.engine, dir).build()?);
     let mut dcfg = DiskConfig::new(dir, geo, u64::MAX / 2);
     dcfg.sync = cfg.sync;
     let disk = DiskTier::open(dcfg, engine)?;
@@ -623,6 +628,7 @@ fn run_size<D: Device>(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut fio_w, mut fio_r) = (Vec::new(), Vec::new());
     let mut fs_syncs = None;
+    let mut engine = None;
     let dst = dev.alloc_device(bytes)?;
     // Pre-fault the destination (the source is already written).
     limit(&dst, &src, bytes)?;
@@ -660,6 +666,13 @@ fn run_size<D: Device>(
         fs_syncs = st
             .disk()
             .map(|d| d.stats().fs_syncs.load(Ordering::Relaxed));
+        if rep == 0 {
+            engine = st.disk().map(|d| d.engine_name());
+            progress(&format!(
+                "disk tier on the {} engine",
+                engine.unwrap_or("no")
+            ));
+        }
         drop(st);
         let _ = std::fs::remove_file(&fio_file);
         let w = fio_run(Pattern::SeqWrite)?;
@@ -745,9 +758,12 @@ fn run_size<D: Device>(
     let mut dump_record = disk_record("dump_cold", shard_bytes, &dump, &fio_w, &memcpy, &crc);
     dump_record.sync_mode = Some(cfg.sync.to_string());
     dump_record.fs_syncs = fs_syncs;
+    dump_record.engine = engine.map(str::to_string);
+    let mut load_record = disk_record("load_cold", shard_bytes, &load_cold, &fio_r, &memcpy, &crc);
+    load_record.engine = dump_record.engine.clone();
     Ok(vec![
         dump_record,
-        disk_record("load_cold", shard_bytes, &load_cold, &fio_r, &memcpy, &crc),
+        load_record,
         record("load_warm", shard_bytes, &warm, &memcpy, false),
         record("load_layerwise", shard_bytes, &layerwise, &memcpy, false),
     ])

@@ -643,6 +643,56 @@ fn auto_picks_a_working_engine_and_unknown_names_are_errors() {
     assert!(cfg.build().is_err());
 }
 
+/// True when `p` lies on tmpfs, asked of `df` (an independent witness).
+fn on_tmpfs(p: &Path) -> bool {
+    std::process::Command::new("df")
+        .args(["--output=fstype"])
+        .arg(p)
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().nth(1) == Some("tmpfs"))
+}
+
+#[test]
+fn auto_takes_posix_for_a_directory_on_tmpfs_and_keeps_a_named_engine() {
+    let shm = Path::new("/dev/shm");
+    if on_tmpfs(shm) {
+        // The directory need not exist yet: its nearest ancestor tells.
+        let dir = shm.join("ucm-for-dir-test/not/made/yet");
+        assert_eq!(
+            IoEngineConfig::for_dir(IoEngineKind::Auto, &dir),
+            IoEngineConfig::new(IoEngineKind::Posix)
+        );
+        for k in IoEngineKind::CONCRETE {
+            assert_eq!(IoEngineConfig::for_dir(k, &dir), IoEngineConfig::new(k));
+        }
+    } else {
+        eprintln!("skipped the tmpfs half: /dev/shm is not tmpfs here");
+    }
+    let disk = tempfile::tempdir().unwrap();
+    if on_tmpfs(disk.path()) {
+        eprintln!("skipped the disk half: the temporary directory is on tmpfs");
+        return;
+    }
+    for dir in [disk.path().to_path_buf(), disk.path().join("a/b")] {
+        assert_eq!(
+            IoEngineConfig::for_dir(IoEngineKind::Auto, &dir),
+            IoEngineConfig::new(IoEngineKind::Auto)
+        );
+    }
+    // A relative path is asked from the working directory.
+    let rel = Path::new("no-such-dir-here");
+    let cwd_tmpfs = on_tmpfs(Path::new("."));
+    let want = if cwd_tmpfs {
+        IoEngineKind::Posix
+    } else {
+        IoEngineKind::Auto
+    };
+    assert_eq!(
+        IoEngineConfig::for_dir(IoEngineKind::Auto, rel),
+        IoEngineConfig::new(want)
+    );
+}
+
 #[test]
 fn probe_reports_every_engine() {
     let dir = tempfile::tempdir().unwrap();

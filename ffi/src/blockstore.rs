@@ -178,7 +178,7 @@ fn open_on<D: Device>(dev: &Arc<D>, opts: &RawStoreOptions) -> Result<TieredBloc
         dirty_timeout: Duration::from_secs(60),
     })?;
     let engine = Arc::from(
-        IoEngineConfig::new(IoEngineKind::Auto)
+        IoEngineConfig::for_dir(IoEngineKind::Auto, &opts.dir)
             .build()
             .map_err(ucm_coordinator::store::StoreError::from)?,
     );

@@ -200,7 +200,7 @@ impl<D: Device> StoreSet<D> {
                 .map_err(|e| ucm_store::StoreError::Config(e.into()))?;
         }
         let engine: Arc<dyn IoEngine> = Arc::from(
-            IoEngineConfig::new(cfg.engine)
+            IoEngineConfig::for_dir(cfg.engine, dir)
                 .build()
                 .map_err(ucm_store::StoreError::from)?,
         );

@@ -142,6 +142,33 @@ pub(crate) fn fs_magic(fd: std::os::unix::io::RawFd) -> Option<libc::c_long> {
     (rc == 0).then(|| unsafe { st.assume_init() }.f_type as libc::c_long)
 }
 
+/// True when `path`, or the nearest ancestor of it that exists (a store's
+/// directory may not be made yet), lies on tmpfs; false when that cannot be
+/// told.
+pub(crate) fn path_on_tmpfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = Some(path);
+    while let Some(q) = p {
+        let Ok(c) = std::ffi::CString::new(q.as_os_str().as_bytes()) else {
+            return false;
+        };
+        let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+        // SAFETY: `c` is a NUL-terminated path and `st` a writable `statfs`
+        // the call fills in completely when it returns 0 (only then is it
+        // read). statfs opens nothing (a FIFO in the way cannot block it).
+        if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } == 0 {
+            // SAFETY: statfs returned 0, so it initialised `st`.
+            return unsafe { st.assume_init() }.f_type as libc::c_long == TMPFS_MAGIC;
+        }
+        p = match q.parent() {
+            Some(x) if x.as_os_str().is_empty() && q != Path::new(".") => Some(Path::new(".")),
+            Some(x) if x.as_os_str().is_empty() => None,
+            x => x,
+        };
+    }
+    false
+}
+
 /// True when a kernel release string (`6.1.0-18-amd64`) is `min` or later;
 /// false when it cannot be read.
 fn kernel_at_least(release: &str, min: (u32, u32)) -> bool {

@@ -10,7 +10,8 @@
 //!
 //! Backends: io_uring (feature `io-uring`), libaio (kernel AIO syscalls) and
 //! POSIX (pread/pwrite on a small thread pool). [`IoEngineConfig::build`]
-//! picks one at run time; `Auto` probes them in that order.
+//! picks one at run time; `Auto` probes them in that order
+//! ([`IoEngineConfig::for_dir`] takes POSIX for a directory on tmpfs).
 //!
 //! Red line: engines move bytes between buffers and files. They never know
 //! what the bytes mean.
@@ -656,6 +657,20 @@ impl IoEngineConfig {
             kind,
             workers,
             ..Self::default()
+        }
+    }
+
+    /// The config for files in `dir` (a store's directory, made or not):
+    /// `Auto` becomes POSIX where `dir` lies on tmpfs, any other kind is
+    /// kept (decision D88). On tmpfs every read and write is a memory copy
+    /// done by the thread that issues it: the POSIX engine's threads copy
+    /// at once, where io_uring hands each buffered write to a kernel
+    /// worker of its own (measured on 2 cores: 64 KiB dumps at 2.8 GiB/s
+    /// through POSIX against 0.6-1.9 through io_uring).
+    pub fn for_dir(kind: IoEngineKind, dir: &Path) -> Self {
+        match kind {
+            IoEngineKind::Auto if dir::path_on_tmpfs(dir) => Self::new(IoEngineKind::Posix),
+            k => Self::new(k),
         }
     }
 

@@ -390,6 +390,12 @@ impl DiskTier {
         self.fs_sync.is_some()
     }
 
+    /// The name of the I/O engine the tier runs on (`io_uring`, `libaio`
+    /// or `posix`).
+    pub fn engine_name(&self) -> &'static str {
+        self.engine.name()
+    }
+
     /// Counters.
     pub fn stats(&self) -> &DiskStats {
         &self.stats
