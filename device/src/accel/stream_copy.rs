@@ -15,10 +15,10 @@
 //! stores, line after line in address order, where the CPU has AVX2; any
 //! other run, or a CPU without AVX2, uses `memcpy`. (Four 4 KiB pages
 //! interleaved with a prefetch ahead, the layout the C library uses for its
-//! own large copies, ran at a third of the linear order on an AMD EPYC
-//! guest: 4.9 against 16 GiB/s for 64 KiB runs; see decision D87.) Streaming stores are
-//! weakly ordered: whoever hands the destination to another thread calls
-//! [`fence`] first.
+//! own large copies, ran at a third of the address order on an AMD EPYC
+//! guest: 4.9 against 16 GiB/s for 64 KiB runs; see decision D87.)
+//! Streaming stores are weakly ordered: whoever hands the destination to
+//! another thread calls [`fence`] first.
 
 /// Runs shorter than this are copied with `memcpy`.
 pub(crate) const STREAM_MIN: usize = 16 << 10;

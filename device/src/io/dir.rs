@@ -132,41 +132,39 @@ const SYNCFS_FILE_SYSTEMS: [libc::c_long; 4] = [0xEF53, 0x5846_5342, 0x9123_683E
 /// tmpfs's `f_type` (linux/magic.h).
 pub(crate) const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
 
+/// The `f_type` a `statfs`-family `call` reports into the buffer it is
+/// given (`None` when it fails).
+fn magic_from(call: impl FnOnce(*mut libc::statfs) -> libc::c_int) -> Option<libc::c_long> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    let rc = call(st.as_mut_ptr());
+    // SAFETY: the call returned 0, so it filled in `st` completely.
+    (rc == 0).then(|| unsafe { st.assume_init() }.f_type as libc::c_long)
+}
+
 /// The `f_type` of the file system holding `fd` (`None` if `fstatfs` fails).
 pub(crate) fn fs_magic(fd: std::os::unix::io::RawFd) -> Option<libc::c_long> {
-    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-    // SAFETY: `fd` is an open descriptor and `st` a writable `statfs` the
-    // call fills in completely when it returns 0 (only then is it read).
-    let rc = unsafe { libc::fstatfs(fd, st.as_mut_ptr()) };
-    // SAFETY: fstatfs returned 0, so it initialised `st`.
-    (rc == 0).then(|| unsafe { st.assume_init() }.f_type as libc::c_long)
+    // SAFETY: `fd` is an open descriptor and `st` a writable `statfs`.
+    magic_from(|st| unsafe { libc::fstatfs(fd, st) })
 }
 
 /// True when `path`, or the nearest ancestor of it that exists (a store's
 /// directory may not be made yet), lies on tmpfs; false when that cannot be
-/// told.
+/// told. A relative path is taken from the working directory. `statfs`
+/// opens nothing, so a FIFO in the way cannot block it.
 pub(crate) fn path_on_tmpfs(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let mut p = Some(path);
-    while let Some(q) = p {
-        let Ok(c) = std::ffi::CString::new(q.as_os_str().as_bytes()) else {
-            return false;
-        };
-        let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
-        // SAFETY: `c` is a NUL-terminated path and `st` a writable `statfs`
-        // the call fills in completely when it returns 0 (only then is it
-        // read). statfs opens nothing (a FIFO in the way cannot block it).
-        if unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) } == 0 {
-            // SAFETY: statfs returned 0, so it initialised `st`.
-            return unsafe { st.assume_init() }.f_type as libc::c_long == TMPFS_MAGIC;
-        }
-        p = match q.parent() {
-            Some(x) if x.as_os_str().is_empty() && q != Path::new(".") => Some(Path::new(".")),
-            Some(x) if x.as_os_str().is_empty() => None,
-            x => x,
-        };
-    }
-    false
+    let Ok(abs) = std::path::absolute(path) else {
+        return false;
+    };
+    // A path holding a NUL byte cannot be asked: false.
+    abs.ancestors()
+        .map_while(|a| std::ffi::CString::new(a.as_os_str().as_bytes()).ok())
+        .find_map(|c| {
+            // SAFETY: `c` is a NUL-terminated path and `st` a writable
+            // `statfs`.
+            magic_from(|st| unsafe { libc::statfs(c.as_ptr(), st) })
+        })
+        == Some(TMPFS_MAGIC)
 }
 
 /// True when a kernel release string (`6.1.0-18-amd64`) is `min` or later;
