@@ -91,7 +91,9 @@ pub use block::{
     BlockStore, BlockStoreConfig, Durability, ItemOutcome, Lease, Retain, TaskHandle, TaskItem,
     TieredBlockStore,
 };
-pub use disk::{DiskBudget, DiskConfig, DiskTier, GcReport, ReadSession, SyncMode};
+pub use disk::{
+    ArrivedReads, DiskBudget, DiskConfig, DiskTier, GcReport, ReadSession, SubmittedReads, SyncMode,
+};
 pub use error::{ConfigError, NameError, Result, StoreError};
 pub use failure::{Failure, FailureKind};
 pub use geometry::{BlockId, Geometry};

@@ -221,6 +221,106 @@ fn a_prefetch_brings_disk_blocks_into_the_pool_so_the_load_reads_no_disk() {
     assert!(st.prefetch(&[]).is_ok());
 }
 
+/// An engine that, at each batch of reads handed to it, notes how many
+/// reads it holds and whether the load's first shard group is already in
+/// its destination.
+struct WatchReads {
+    inner: Arc<dyn ucm_device::IoEngine>,
+    dev: Arc<HostDevice>,
+    dst: Memory,
+    first_group: Vec<(usize, Vec<u8>)>,
+    seen: std::sync::Mutex<Vec<(usize, bool)>>,
+}
+
+impl ucm_device::IoEngine for WatchReads {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn submit(&self, reqs: Vec<ucm_device::IoRequest>) -> Vec<ucm_device::IoTicket> {
+        let reads = reqs
+            .iter()
+            .filter(|r| r.op == ucm_device::io::IoOp::Read)
+            .count();
+        if reads > 0 {
+            let st = self.dev.create_stream().unwrap();
+            let host = self.dev.alloc_pinned(4096).unwrap();
+            let copied = self.first_group.iter().all(|(at, want)| {
+                self.dev
+                    .copy_async(&st, &CopyRun::new(&host, 0, &self.dst, *at, want.len()))
+                    .unwrap();
+                self.dev.synchronize_stream(&st).unwrap();
+                let mut got = vec![0u8; want.len()];
+                host.read_host(0, &mut got).unwrap();
+                got == *want
+            });
+            self.seen.lock().unwrap().push((reads, copied));
+        }
+        self.inner.submit(reqs)
+    }
+}
+
+#[test]
+fn a_cold_load_reads_its_next_shard_group_before_it_copies_this_one() {
+    let geo = Geometry {
+        shard_bytes: 4096,
+        shards_per_block: 2,
+    };
+    let dev = Arc::new(HostDevice::new());
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = [1, 2, 3];
+    {
+        let st = store(&dev, dir.path(), geo, 64, BlockStoreConfig::default());
+        let src = device_kv(&dev, geo, &blocks);
+        let t = st.dump(items(geo, &blocks, &src, 0..2), None).unwrap();
+        assert!(t
+            .wait_durable()
+            .iter()
+            .all(|(_, d)| *d == Durability::Durable));
+    }
+    // A new process (an empty pool) whose one worker loads shard 0 of
+    // every block, then shard 1.
+    let dst = dev.alloc_device(blocks.len() * 2 * 4096).unwrap();
+    let first_group = blocks
+        .iter()
+        .enumerate()
+        .map(|(bi, &b)| (bi * 2 * 4096, pattern(b * 100, 4096)))
+        .collect();
+    let watch = Arc::new(WatchReads {
+        inner: Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap()),
+        dev: Arc::clone(&dev),
+        dst: dst.clone(),
+        first_group,
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let pool = ClockPool::open(PoolConfig {
+        shard_bytes: geo.shard_bytes,
+        slots: 64,
+        ways: 64,
+        mode: PoolMode::Private,
+        load_timeout: Duration::from_secs(1),
+        dirty_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    let engine: Arc<dyn ucm_device::IoEngine> = Arc::clone(&watch) as _;
+    let disk = DiskTier::open(DiskConfig::new(dir.path(), geo, 1_000_000), engine).unwrap();
+    let cfg = BlockStoreConfig {
+        workers: 1,
+        ..BlockStoreConfig::default()
+    };
+    let st = TieredBlockStore::new(Arc::clone(&dev), pool, disk, cfg).unwrap();
+    watch.seen.lock().unwrap().clear();
+    let t = st.load(items(geo, &blocks, &dst, 0..2)).unwrap();
+    let outs = t.wait();
+    assert!(all_ok(&outs), "{outs:?}");
+    check_kv(&dev, geo, &blocks, &dst);
+    // Two batches of reads, one per shard group: the first with each
+    // file's header, the second without (the headers were checked when
+    // the first arrived), handed to the engine while the first group was
+    // still on its way to the device.
+    assert_eq!(*watch.seen.lock().unwrap(), [(6, false), (3, false)]);
+}
+
 #[test]
 fn a_dump_of_512_blocks_by_32_shards_reads_back_from_disk_with_the_pool_bypassed() {
     dump_512_by_32(4096, 2);

@@ -48,19 +48,73 @@ impl<D: Device> Inner<D> {
         &'p self,
         session: &mut ReadSession,
         shard: u32,
-        mut loads: Vec<(usize, BlockId, LoadGuard<'p>)>,
+        loads: Vec<(usize, BlockId, LoadGuard<'p>)>,
     ) -> Vec<(usize, Filled<'p>)> {
-        let mut reads = Vec::with_capacity(loads.len());
-        for chunk in loads.chunks_mut(IO_BATCH_BLOCKS) {
-            let reqs = chunk
-                .iter_mut()
-                .map(|(_, block, g)| (*block, vec![(shard, g.io_buf())]))
-                .collect();
-            match &self.disk {
-                Some(d) => reads.extend(d.read_many_in(session, reqs)),
-                None => reads.extend(chunk.iter().map(|_| Ok(None))),
-            }
+        let mut out = Vec::with_capacity(loads.len());
+        let mut loads = loads.into_iter().peekable();
+        while loads.peek().is_some() {
+            let chunk = loads.by_ref().take(IO_BATCH_BLOCKS).collect();
+            let filling = self.start_fill(session, shard, chunk);
+            let arrived = self.arrive_fill(session, filling);
+            out.extend(self.finish_fill(session, arrived));
         }
+        out
+    }
+
+    /// Hands the disk reads of `loads` (at most [`IO_BATCH_BLOCKS`]) to the
+    /// engine without waiting.
+    fn start_fill<'p>(
+        &'p self,
+        session: &mut ReadSession,
+        shard: u32,
+        mut loads: Vec<(usize, BlockId, LoadGuard<'p>)>,
+    ) -> Filling<'p> {
+        let reads = match &self.disk {
+            Some(d) if !loads.is_empty() => {
+                let reqs = loads
+                    .iter_mut()
+                    .map(|(_, block, g)| (*block, vec![(shard, g.io_buf())]))
+                    .collect();
+                Some(d.submit_reads(session, reqs))
+            }
+            _ => None,
+        };
+        Filling {
+            reads,
+            shard,
+            loads,
+        }
+    }
+
+    /// Waits for the reads of `f` (their headers checked and remembered).
+    fn arrive_fill<'p>(&self, session: &mut ReadSession, mut f: Filling<'p>) -> Arrived<'p> {
+        let reads = match (&self.disk, f.reads.take()) {
+            (Some(d), Some(r)) => Some(d.arrive_reads(session, r)),
+            _ => None,
+        };
+        Arrived {
+            reads,
+            shard: f.shard,
+            loads: std::mem::take(&mut f.loads),
+        }
+    }
+
+    /// Checks the reads of `a`, asks the tiers below for the disk's misses,
+    /// and publishes each slot.
+    fn finish_fill<'p>(
+        &'p self,
+        session: &mut ReadSession,
+        a: Arrived<'p>,
+    ) -> Vec<(usize, Filled<'p>)> {
+        let Arrived {
+            reads,
+            shard,
+            loads,
+        } = a;
+        let reads: Vec<Result<Option<Vec<IoBuf>>>> = match (&self.disk, reads) {
+            (Some(d), Some(r)) => d.check_reads(session, r),
+            _ => loads.iter().map(|_| Ok(None)).collect(),
+        };
         // The disk's misses, from the tiers below in turn, one batch each.
         let mut remote: Vec<Option<RemoteRead>> = (0..loads.len()).map(|_| None).collect();
         for r in &self.remotes {
@@ -137,96 +191,191 @@ impl<D: Device> Inner<D> {
         }
     }
 
+    /// Loads the task part's groups (one shard index each) in order, in
+    /// units of at most [`IO_BATCH_BLOCKS`] items: the next unit's disk
+    /// reads are handed to the engine before this unit's shards are
+    /// checked, published and copied to the device, so the disk works
+    /// while the CPU checks and copies.
     pub(super) fn run_load(
         &self,
         stream: &D::Stream,
         groups: &[(u32, Vec<TaskItem>)],
         t: &Part<'_>,
     ) {
-        let shard_bytes = self.geo.shard_bytes;
         // Each file is opened and its header read once per task part.
         let mut session = ReadSession::default();
-        for &(shard, ref group) in groups {
-            let mut pins: Vec<SlotRef<'_>> = Vec::new();
-            let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
-            let mut runs: Vec<(usize, usize)> = Vec::new(); // (item index, slot)
-                                                            // Pins for hits; load guards for the shards this rank reads.
-            let mut loads = Vec::new();
-            for (i, it) in group.iter().enumerate() {
-                let key = (it.block, shard);
-                let outcome = match self.pool.acquire(key) {
-                    Ok(Some(Acquire::Hit(r))) => {
-                        self.stats.pool_hits.fetch_add(1, Ordering::Relaxed);
-                        runs.push((i, r.slot()));
-                        pins.push(r);
-                        ItemOutcome::Ok
-                    }
-                    Ok(Some(Acquire::Load(g))) => {
-                        loads.push((i, g));
-                        ItemOutcome::Ok
-                    }
-                    Ok(Some(Acquire::Failed(code))) => {
-                        if code == libc::ENOENT {
-                            self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                            ItemOutcome::Miss
-                        } else {
-                            self.fail_item(Failure {
-                                kind: FailureKind::OtherRank,
-                                errno: Some(code),
-                                detail: format!("load by another rank failed (errno {code})"),
-                            })
-                        }
-                    }
-                    Ok(None) => self.fail_item(Failure::new(
-                        FailureKind::PoolFull,
-                        "pool bucket full of pinned slots",
-                    )),
-                    Err(e) => self.fail_item(Failure::from_store(&e, "pool")),
-                };
-                outcomes.push((it.block, outcome));
+        let units: Vec<(usize, std::ops::Range<usize>)> = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, (_, items))| {
+                (0..items.len())
+                    .step_by(IO_BATCH_BLOCKS)
+                    .map(move |a| (g, a..items.len().min(a + IO_BATCH_BLOCKS)))
+            })
+            .collect();
+        let mut outcomes: Vec<(BlockId, ItemOutcome)> = Vec::new();
+        let mut next = units
+            .first()
+            .map(|(g, r)| self.start_unit(&mut session, &groups[*g], r.clone()));
+        for (u, (g, _)) in units.iter().enumerate() {
+            let Some(cur) = next.take() else { break };
+            let cur = self.arrive_unit(&mut session, cur);
+            next = units
+                .get(u + 1)
+                .map(|(g, r)| self.start_unit(&mut session, &groups[*g], r.clone()));
+            let (shard, group) = (groups[*g].0, &groups[*g].1);
+            outcomes.extend(self.finish_unit(stream, &mut session, group, cur));
+            if units.get(u + 1).is_none_or(|(h, _)| h != g) {
+                t.shard(shard, std::mem::take(&mut outcomes));
             }
-            // Every missing shard of this group from disk, read straight
-            // into the slots being loaded.
-            let filled = self.fill_from_disk(
-                &mut session,
-                shard,
-                loads
-                    .into_iter()
-                    .map(|(i, g)| (i, group[i].block, g))
-                    .collect(),
-            );
-            for (i, f) in filled {
-                outcomes[i].1 = match f {
-                    Filled::Slot(r) => {
-                        runs.push((i, r.slot()));
-                        pins.push(r);
-                        ItemOutcome::Ok
-                    }
-                    Filled::Miss => ItemOutcome::Miss,
-                    Filled::Failed(e) => self.fail_item(Failure::from_store(&e, "disk read")),
-                };
-            }
-            let copy: Vec<CopyRun<'_>> = runs
-                .iter()
-                .map(|&(i, slot)| {
-                    CopyRun::new(
-                        &group[i].memory,
-                        group[i].offset,
-                        &self.pool_mem,
-                        self.pool.data_at(slot),
-                        shard_bytes,
-                    )
-                })
-                .collect();
-            let copied = self.copy_and_wait(stream, &copy);
-            drop(pins);
-            if let Err(e) = copied {
-                for &(i, _) in &runs {
-                    outcomes[i].1 = self.fail_item(Failure::from_device(&e, "H2D copy"));
-                }
-            }
-            t.shard(shard, outcomes);
         }
         t.done();
     }
+
+    /// Pins the unit's shards the pool holds, takes the load of the others
+    /// and hands their disk reads to the engine.
+    fn start_unit<'p>(
+        &'p self,
+        session: &mut ReadSession,
+        (shard, group): &(u32, Vec<TaskItem>),
+        range: std::ops::Range<usize>,
+    ) -> Unit<'p, Filling<'p>> {
+        let mut unit = Unit {
+            fill: None,
+            first: range.start,
+            pins: Vec::new(),
+            runs: Vec::new(),
+            outcomes: Vec::new(),
+        };
+        let mut loads = Vec::new();
+        for i in range {
+            let it = &group[i];
+            let outcome = match self.pool.acquire((it.block, *shard)) {
+                Ok(Some(Acquire::Hit(r))) => {
+                    self.stats.pool_hits.fetch_add(1, Ordering::Relaxed);
+                    unit.runs.push((i, r.slot()));
+                    unit.pins.push(r);
+                    ItemOutcome::Ok
+                }
+                Ok(Some(Acquire::Load(g))) => {
+                    loads.push((i, it.block, g));
+                    ItemOutcome::Ok
+                }
+                Ok(Some(Acquire::Failed(code))) => {
+                    if code == libc::ENOENT {
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                        ItemOutcome::Miss
+                    } else {
+                        self.fail_item(Failure {
+                            kind: FailureKind::OtherRank,
+                            errno: Some(code),
+                            detail: format!("load by another rank failed (errno {code})"),
+                        })
+                    }
+                }
+                Ok(None) => self.fail_item(Failure::new(
+                    FailureKind::PoolFull,
+                    "pool bucket full of pinned slots",
+                )),
+                Err(e) => self.fail_item(Failure::from_store(&e, "pool")),
+            };
+            unit.outcomes.push((it.block, outcome));
+        }
+        // Every missing shard of this unit from disk, read straight into
+        // the slots being loaded.
+        unit.fill = Some(self.start_fill(session, *shard, loads));
+        unit
+    }
+
+    fn arrive_unit<'p>(
+        &'p self,
+        session: &mut ReadSession,
+        mut u: Unit<'p, Filling<'p>>,
+    ) -> Unit<'p, Arrived<'p>> {
+        Unit {
+            fill: u.fill.take().map(|f| self.arrive_fill(session, f)),
+            first: u.first,
+            pins: std::mem::take(&mut u.pins),
+            runs: std::mem::take(&mut u.runs),
+            outcomes: std::mem::take(&mut u.outcomes),
+        }
+    }
+
+    /// Publishes the unit's reads, copies its shards to the device and
+    /// gives back its outcomes.
+    fn finish_unit<'p>(
+        &'p self,
+        stream: &D::Stream,
+        session: &mut ReadSession,
+        group: &[TaskItem],
+        mut u: Unit<'p, Arrived<'p>>,
+    ) -> Vec<(BlockId, ItemOutcome)> {
+        let filled = match u.fill.take() {
+            Some(a) => self.finish_fill(session, a),
+            None => Vec::new(),
+        };
+        for (i, f) in filled {
+            u.outcomes[i - u.first].1 = match f {
+                Filled::Slot(r) => {
+                    u.runs.push((i, r.slot()));
+                    u.pins.push(r);
+                    ItemOutcome::Ok
+                }
+                Filled::Miss => ItemOutcome::Miss,
+                Filled::Failed(e) => self.fail_item(Failure::from_store(&e, "disk read")),
+            };
+        }
+        let shard_bytes = self.geo.shard_bytes;
+        let copy: Vec<CopyRun<'_>> = u
+            .runs
+            .iter()
+            .map(|&(i, slot)| {
+                CopyRun::new(
+                    &group[i].memory,
+                    group[i].offset,
+                    &self.pool_mem,
+                    self.pool.data_at(slot),
+                    shard_bytes,
+                )
+            })
+            .collect();
+        let copied = self.copy_and_wait(stream, &copy);
+        drop(std::mem::take(&mut u.pins));
+        if let Err(e) = copied {
+            for &(i, _) in &u.runs {
+                u.outcomes[i - u.first].1 = self.fail_item(Failure::from_device(&e, "H2D copy"));
+            }
+        }
+        std::mem::take(&mut u.outcomes)
+    }
+}
+
+/// One shard group's disk reads in flight (see [`Inner::start_fill`]).
+/// The reads come first: dropping it waits for them before the guards give
+/// their slots back.
+struct Filling<'p> {
+    reads: Option<SubmittedReads>,
+    shard: u32,
+    loads: Vec<(usize, BlockId, LoadGuard<'p>)>,
+}
+
+/// A [`Filling`] whose reads completed, their shards not yet checked.
+struct Arrived<'p> {
+    reads: Option<ArrivedReads>,
+    shard: u32,
+    loads: Vec<(usize, BlockId, LoadGuard<'p>)>,
+}
+
+/// Up to [`IO_BATCH_BLOCKS`] consecutive items of one group on their way
+/// to the device: the fill (reads in flight, or arrived) comes first, so
+/// dropping a unit waits for its reads before its pins and guards go.
+struct Unit<'p, F> {
+    fill: Option<F>,
+    /// The group index of the unit's first item.
+    first: usize,
+    pins: Vec<SlotRef<'p>>,
+    /// (item index in the group, slot) of each shard to copy.
+    runs: Vec<(usize, usize)>,
+    /// One per item of the unit, in order.
+    outcomes: Vec<(BlockId, ItemOutcome)>,
 }

@@ -36,7 +36,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use ucm_device::{CopyRun, Device, IoBuf, Memory};
 
-use crate::disk::{DiskTier, ReadSession};
+use crate::disk::{ArrivedReads, DiskTier, ReadSession, SubmittedReads};
 use crate::error::{bad_value, ConfigError, Result, StoreError};
 use crate::failure::{Failure, FailureKind};
 use crate::geometry::{BlockId, Geometry};

@@ -56,7 +56,7 @@ mod read;
 mod write;
 
 pub use budget::DiskBudget;
-pub use read::ReadSession;
+pub use read::{ArrivedReads, ReadSession, SubmittedReads};
 use write::add_dir;
 
 use std::collections::HashMap;

@@ -27,7 +27,6 @@ pub(super) fn rel_name(id: &BlockId) -> [u8; 43] {
 pub struct ReadSession {
     files: HashMap<BlockId, (Arc<IoFile>, Arc<Vec<u32>>)>,
     order: std::collections::VecDeque<BlockId>,
-    opened: Vec<(BlockId, Arc<IoFile>)>,
 }
 
 /// Files a [`ReadSession`] keeps open at most.
@@ -44,6 +43,41 @@ impl ReadSession {
             }
         }
     }
+}
+
+/// One request of a read batch: the block, its shards, and the checksums
+/// of a header verified before (`None`: its header is read with the batch).
+type Asked = (BlockId, Vec<u32>, Option<Arc<Vec<u32>>>);
+
+/// Reads handed to the engine by [`DiskTier::submit_reads`], not yet
+/// waited for. Dropping it waits for them: the engine never writes into a
+/// buffer its owner has given back.
+pub struct SubmittedReads {
+    /// Each read's ticket and the request it belongs to.
+    tickets: Vec<(IoTicket, usize)>,
+    /// Per request: its outcome when known without reading (a bad shard or
+    /// buffer, an absent file, a file that would not open).
+    early: Vec<Option<Result<Option<Vec<IoBuf>>>>>,
+    /// Per request: what it asks.
+    lists: Vec<Asked>,
+    /// Files opened for this batch.
+    opened: Vec<(BlockId, Arc<IoFile>)>,
+}
+
+impl Drop for SubmittedReads {
+    fn drop(&mut self) {
+        for (t, _) in self.tickets.drain(..) {
+            drop(t.wait_blocking());
+        }
+    }
+}
+
+/// Reads of one batch that completed, their headers checked, their shards
+/// not yet (see [`DiskTier::check_reads`]).
+pub struct ArrivedReads {
+    early: Vec<Option<Result<Option<Vec<IoBuf>>>>>,
+    lists: Vec<Asked>,
+    got: Vec<Result<Parts>>,
 }
 
 impl DiskTier {
@@ -191,19 +225,33 @@ impl DiskTier {
         session: &mut ReadSession,
         reqs: Vec<(BlockId, Vec<(u32, IoBuf)>)>,
     ) -> Vec<Result<Option<Vec<IoBuf>>>> {
+        let submitted = self.submit_reads(session, reqs);
+        let arrived = self.arrive_reads(session, submitted);
+        self.check_reads(session, arrived)
+    }
+
+    /// The first step of [`DiskTier::read_many_in`]: opens the files the
+    /// session does not hold and hands every read (and the headers not yet
+    /// verified) to the engine, without waiting. The buffers are the
+    /// engine's until [`DiskTier::arrive_reads`] returns (dropping the batch
+    /// waits for them too).
+    pub fn submit_reads(
+        &self,
+        session: &mut ReadSession,
+        reqs: Vec<(BlockId, Vec<(u32, IoBuf)>)>,
+    ) -> SubmittedReads {
         let sb = self.cfg.geometry.shard_bytes;
-        let mut out: Vec<Option<Result<Option<Vec<IoBuf>>>>> = Vec::with_capacity(reqs.len());
+        let mut early = Vec::with_capacity(reqs.len());
         let mut ios = Vec::new();
         let mut owner = Vec::new();
-        // Per request: block, shards, and the file and checksums when the
-        // header was already verified (None: it is read with this batch).
-        let mut shard_lists = Vec::with_capacity(reqs.len());
+        let mut lists = Vec::with_capacity(reqs.len());
+        let mut opened = Vec::new();
         for (i, (id, shards)) in reqs.into_iter().enumerate() {
             let known = session.files.get(&id).cloned();
-            shard_lists.push((
+            lists.push((
                 id,
                 shards.iter().map(|(s, _)| *s).collect::<Vec<u32>>(),
-                known.clone(),
+                known.as_ref().map(|(_, c)| Arc::clone(c)),
             ));
             let bad = shards.iter().find_map(|(s, b)| {
                 self.cfg.geometry.check_shard(*s).err().or_else(|| {
@@ -217,7 +265,7 @@ impl DiskTier {
                 })
             });
             if let Some(bad) = bad {
-                out.push(Some(Err(bad)));
+                early.push(Some(Err(bad)));
                 continue;
             }
             let f = match known {
@@ -227,11 +275,11 @@ impl DiskTier {
                     match IoFile::open(&path, OpenOptions::read_only()) {
                         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                             self.forget(&id);
-                            out.push(Some(Ok(None)));
+                            early.push(Some(Ok(None)));
                             continue;
                         }
                         Err(e) => {
-                            out.push(Some(Err(e.into())));
+                            early.push(Some(Err(e.into())));
                             continue;
                         }
                         Ok(f) => {
@@ -242,6 +290,7 @@ impl DiskTier {
                                 IoBuf::new(self.header_bytes),
                             ));
                             owner.push(i);
+                            opened.push((id, Arc::clone(&f)));
                             f
                         }
                     }
@@ -255,14 +304,28 @@ impl DiskTier {
                 ));
                 owner.push(i);
             }
-            if !session.files.contains_key(&id) {
-                session.opened.push((id, f));
-            }
-            out.push(None);
+            early.push(None);
         }
+        let tickets = self.engine.submit(ios).into_iter().zip(owner).collect();
+        SubmittedReads {
+            tickets,
+            early,
+            lists,
+            opened,
+        }
+    }
+
+    /// The second step: waits for every read of `batch`, and checks the
+    /// headers read with it; a good header is remembered by `session` at
+    /// once, so a batch submitted next reads no header again.
+    pub fn arrive_reads(
+        &self,
+        session: &mut ReadSession,
+        mut batch: SubmittedReads,
+    ) -> ArrivedReads {
         // Outcomes per request: (bytes, buffer) in submission order, or the error.
-        let mut got: Vec<Result<Parts>> = (0..shard_lists.len()).map(|_| Ok(Vec::new())).collect();
-        for (t, &i) in self.engine.submit(ios).into_iter().zip(&owner) {
+        let mut got: Vec<Result<Parts>> = (0..batch.lists.len()).map(|_| Ok(Vec::new())).collect();
+        for (t, i) in std::mem::take(&mut batch.tickets) {
             let o = t.wait_blocking();
             if let Ok(v) = &mut got[i] {
                 match o.result {
@@ -271,36 +334,55 @@ impl DiskTier {
                 }
             }
         }
-        let opened: HashMap<BlockId, Arc<IoFile>> = session.opened.drain(..).collect();
-        out.into_iter()
-            .zip(got)
-            .zip(shard_lists)
-            .map(|((done, got), (id, shards, known))| match done {
+        let opened: HashMap<BlockId, Arc<IoFile>> =
+            std::mem::take(&mut batch.opened).into_iter().collect();
+        let mut lists = std::mem::take(&mut batch.lists);
+        let early = std::mem::take(&mut batch.early);
+        for ((id, _, crcs), parts) in lists.iter_mut().zip(got.iter_mut()) {
+            let (Some(f), Ok(parts)) = (opened.get(id), parts) else {
+                continue;
+            };
+            if crcs.is_some() || parts.is_empty() {
+                continue;
+            }
+            // The header was read with this batch: it is the first part.
+            let (n, b) = parts.remove(0);
+            let c = b.and_then(|b| {
+                (n == self.header_bytes).then(|| self.parse_header(id, b.as_slice()))?
+            });
+            if let Some(c) = c {
+                let c = Arc::new(c);
+                session.remember(*id, Arc::clone(f), Arc::clone(&c));
+                *crcs = Some(c);
+            }
+        }
+        ArrivedReads { early, lists, got }
+    }
+
+    /// The last step: each request's shards checked against its header's
+    /// checksums; one outcome per request, as [`DiskTier::read_shards`]. A
+    /// block that failed is forgotten by `session`.
+    pub fn check_reads(
+        &self,
+        session: &mut ReadSession,
+        arrived: ArrivedReads,
+    ) -> Vec<Result<Option<Vec<IoBuf>>>> {
+        arrived
+            .early
+            .into_iter()
+            .zip(arrived.got)
+            .zip(arrived.lists)
+            .map(|((done, got), (id, shards, crcs))| match done {
                 Some(r) => r,
-                None => got.and_then(|parts| {
-                    let (crcs, parts) = match known {
-                        Some((_, crcs)) => (Some(crcs), parts),
-                        None => {
-                            let mut it = parts.into_iter();
-                            let crcs = it.next().and_then(|(n, b)| {
-                                let b = b?;
-                                (n == self.header_bytes)
-                                    .then(|| self.parse_header(&id, b.as_slice()))?
-                            });
-                            (crcs.map(Arc::new), it.collect())
-                        }
-                    };
-                    let r = self.verify(&id, &shards, crcs.as_deref().map(Vec::as_slice), parts);
-                    match (&r, crcs, opened.get(&id)) {
-                        // Remember a good header (bounded: the oldest go).
-                        (Ok(Some(_)), Some(c), Some(f)) => session.remember(id, Arc::clone(f), c),
-                        (Ok(Some(_)), _, _) => {}
-                        _ => {
-                            session.files.remove(&id);
-                        }
+                None => {
+                    let r = got.and_then(|parts| {
+                        self.verify(&id, &shards, crcs.as_deref().map(Vec::as_slice), parts)
+                    });
+                    if !matches!(r, Ok(Some(_))) {
+                        session.files.remove(&id);
                     }
                     r
-                }),
+                }
             })
             .collect()
     }
