@@ -35,6 +35,19 @@ fn store(
     slots: usize,
     cfg: BlockStoreConfig,
 ) -> TieredBlockStore<HostDevice> {
+    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
+    store_on(dev, dir, geo, slots, cfg, engine)
+}
+
+/// As [`store`], its disk tier on `engine`.
+fn store_on(
+    dev: &Arc<HostDevice>,
+    dir: &std::path::Path,
+    geo: Geometry,
+    slots: usize,
+    cfg: BlockStoreConfig,
+    engine: Arc<dyn ucm_device::IoEngine>,
+) -> TieredBlockStore<HostDevice> {
     let pool = ClockPool::open(PoolConfig {
         shard_bytes: geo.shard_bytes,
         slots,
@@ -44,9 +57,27 @@ fn store(
         dirty_timeout: Duration::from_secs(60),
     })
     .unwrap();
-    let engine = Arc::from(IoEngineConfig::new(IoEngineKind::Auto).build().unwrap());
     let disk = DiskTier::open(DiskConfig::new(dir, geo, 1_000_000), engine).unwrap();
     TieredBlockStore::new(Arc::clone(dev), pool, disk, cfg).unwrap()
+}
+
+/// Dumps every shard of `blocks` through a store of its own on `dir` and
+/// waits until they are durable: what a process that ended left on disk.
+fn dumped_by_another_process(
+    dev: &Arc<HostDevice>,
+    dir: &std::path::Path,
+    geo: Geometry,
+    blocks: &[u64],
+) {
+    let st = store(dev, dir, geo, 256, BlockStoreConfig::default());
+    let src = device_kv(dev, geo, blocks);
+    let t = st
+        .dump(items(geo, blocks, &src, 0..geo.shards_per_block), None)
+        .unwrap();
+    assert!(t
+        .wait_durable()
+        .iter()
+        .all(|(_, d)| *d == Durability::Durable));
 }
 
 /// A device region holding `blocks` x all shards, laid out block-major,
@@ -182,15 +213,7 @@ fn a_prefetch_brings_disk_blocks_into_the_pool_so_the_load_reads_no_disk() {
     let dev = Arc::new(HostDevice::new());
     let dir = tempfile::tempdir().unwrap();
     let blocks = [1, 2, 3];
-    {
-        let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
-        let src = device_kv(&dev, GEO, &blocks);
-        let t = st.dump(items(GEO, &blocks, &src, 0..4), None).unwrap();
-        assert!(t
-            .wait_durable()
-            .iter()
-            .all(|(_, d)| *d == Durability::Durable));
-    }
+    dumped_by_another_process(&dev, dir.path(), GEO, &blocks);
     // A new process: an empty pool over the same directory.
     let st = store(&dev, dir.path(), GEO, 256, BlockStoreConfig::default());
     let ids: Vec<_> = [1, 2, 3, 9].map(id).to_vec();
@@ -269,15 +292,7 @@ fn a_cold_load_reads_its_next_shard_group_before_it_copies_this_one() {
     let dev = Arc::new(HostDevice::new());
     let dir = tempfile::tempdir().unwrap();
     let blocks = [1, 2, 3];
-    {
-        let st = store(&dev, dir.path(), geo, 64, BlockStoreConfig::default());
-        let src = device_kv(&dev, geo, &blocks);
-        let t = st.dump(items(geo, &blocks, &src, 0..2), None).unwrap();
-        assert!(t
-            .wait_durable()
-            .iter()
-            .all(|(_, d)| *d == Durability::Durable));
-    }
+    dumped_by_another_process(&dev, dir.path(), geo, &blocks);
     // A new process (an empty pool) whose one worker loads shard 0 of
     // every block, then shard 1.
     let dst = dev.alloc_device(blocks.len() * 2 * 4096).unwrap();
@@ -293,22 +308,11 @@ fn a_cold_load_reads_its_next_shard_group_before_it_copies_this_one() {
         first_group,
         seen: std::sync::Mutex::new(Vec::new()),
     });
-    let pool = ClockPool::open(PoolConfig {
-        shard_bytes: geo.shard_bytes,
-        slots: 64,
-        ways: 64,
-        mode: PoolMode::Private,
-        load_timeout: Duration::from_secs(1),
-        dirty_timeout: Duration::from_secs(60),
-    })
-    .unwrap();
-    let engine: Arc<dyn ucm_device::IoEngine> = Arc::clone(&watch) as _;
-    let disk = DiskTier::open(DiskConfig::new(dir.path(), geo, 1_000_000), engine).unwrap();
     let cfg = BlockStoreConfig {
         workers: 1,
         ..BlockStoreConfig::default()
     };
-    let st = TieredBlockStore::new(Arc::clone(&dev), pool, disk, cfg).unwrap();
+    let st = store_on(&dev, dir.path(), geo, 64, cfg, Arc::clone(&watch) as _);
     watch.seen.lock().unwrap().clear();
     let t = st.load(items(geo, &blocks, &dst, 0..2)).unwrap();
     let outs = t.wait();
