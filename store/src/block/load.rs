@@ -87,15 +87,20 @@ impl<D: Device> Inner<D> {
     }
 
     /// Waits for the reads of `f` (their headers checked and remembered).
-    fn arrive_fill<'p>(&self, session: &mut ReadSession, mut f: Filling<'p>) -> Arrived<'p> {
-        let reads = match (&self.disk, f.reads.take()) {
+    fn arrive_fill<'p>(&self, session: &mut ReadSession, f: Filling<'p>) -> Arrived<'p> {
+        let Filling {
+            reads,
+            shard,
+            loads,
+        } = f;
+        let reads = match (&self.disk, reads) {
             (Some(d), Some(r)) => Some(d.arrive_reads(session, r)),
             _ => None,
         };
         Arrived {
             reads,
-            shard: f.shard,
-            loads: std::mem::take(&mut f.loads),
+            shard,
+            loads,
         }
     }
 
@@ -240,21 +245,16 @@ impl<D: Device> Inner<D> {
         (shard, group): &(u32, Vec<TaskItem>),
         range: std::ops::Range<usize>,
     ) -> Unit<'p, Filling<'p>> {
-        let mut unit = Unit {
-            fill: None,
-            first: range.start,
-            pins: Vec::new(),
-            runs: Vec::new(),
-            outcomes: Vec::new(),
-        };
-        let mut loads = Vec::new();
+        let first = range.start;
+        let (mut pins, mut runs, mut outcomes, mut loads) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in range {
             let it = &group[i];
             let outcome = match self.pool.acquire((it.block, *shard)) {
                 Ok(Some(Acquire::Hit(r))) => {
                     self.stats.pool_hits.fetch_add(1, Ordering::Relaxed);
-                    unit.runs.push((i, r.slot()));
-                    unit.pins.push(r);
+                    runs.push((i, r.slot()));
+                    pins.push(r);
                     ItemOutcome::Ok
                 }
                 Ok(Some(Acquire::Load(g))) => {
@@ -279,25 +279,37 @@ impl<D: Device> Inner<D> {
                 )),
                 Err(e) => self.fail_item(Failure::from_store(&e, "pool")),
             };
-            unit.outcomes.push((it.block, outcome));
+            outcomes.push((it.block, outcome));
         }
-        // Every missing shard of this unit from disk, read straight into
-        // the slots being loaded.
-        unit.fill = Some(self.start_fill(session, *shard, loads));
-        unit
+        Unit {
+            // Every missing shard of this unit from disk, read straight
+            // into the slots being loaded.
+            fill: self.start_fill(session, *shard, loads),
+            first,
+            pins,
+            runs,
+            outcomes,
+        }
     }
 
     fn arrive_unit<'p>(
         &'p self,
         session: &mut ReadSession,
-        mut u: Unit<'p, Filling<'p>>,
+        u: Unit<'p, Filling<'p>>,
     ) -> Unit<'p, Arrived<'p>> {
+        let Unit {
+            fill,
+            first,
+            pins,
+            runs,
+            outcomes,
+        } = u;
         Unit {
-            fill: u.fill.take().map(|f| self.arrive_fill(session, f)),
-            first: u.first,
-            pins: std::mem::take(&mut u.pins),
-            runs: std::mem::take(&mut u.runs),
-            outcomes: std::mem::take(&mut u.outcomes),
+            fill: self.arrive_fill(session, fill),
+            first,
+            pins,
+            runs,
+            outcomes,
         }
     }
 
@@ -308,17 +320,20 @@ impl<D: Device> Inner<D> {
         stream: &D::Stream,
         session: &mut ReadSession,
         group: &[TaskItem],
-        mut u: Unit<'p, Arrived<'p>>,
+        u: Unit<'p, Arrived<'p>>,
     ) -> Vec<(BlockId, ItemOutcome)> {
-        let filled = match u.fill.take() {
-            Some(a) => self.finish_fill(session, a),
-            None => Vec::new(),
-        };
-        for (i, f) in filled {
-            u.outcomes[i - u.first].1 = match f {
+        let Unit {
+            fill,
+            first,
+            mut pins,
+            mut runs,
+            mut outcomes,
+        } = u;
+        for (i, f) in self.finish_fill(session, fill) {
+            outcomes[i - first].1 = match f {
                 Filled::Slot(r) => {
-                    u.runs.push((i, r.slot()));
-                    u.pins.push(r);
+                    runs.push((i, r.slot()));
+                    pins.push(r);
                     ItemOutcome::Ok
                 }
                 Filled::Miss => ItemOutcome::Miss,
@@ -326,8 +341,7 @@ impl<D: Device> Inner<D> {
             };
         }
         let shard_bytes = self.geo.shard_bytes;
-        let copy: Vec<CopyRun<'_>> = u
-            .runs
+        let copy: Vec<CopyRun<'_>> = runs
             .iter()
             .map(|&(i, slot)| {
                 CopyRun::new(
@@ -340,13 +354,13 @@ impl<D: Device> Inner<D> {
             })
             .collect();
         let copied = self.copy_and_wait(stream, &copy);
-        drop(std::mem::take(&mut u.pins));
+        drop(pins);
         if let Err(e) = copied {
-            for &(i, _) in &u.runs {
-                u.outcomes[i - u.first].1 = self.fail_item(Failure::from_device(&e, "H2D copy"));
+            for &(i, _) in &runs {
+                outcomes[i - first].1 = self.fail_item(Failure::from_device(&e, "H2D copy"));
             }
         }
-        std::mem::take(&mut u.outcomes)
+        outcomes
     }
 }
 
@@ -370,7 +384,7 @@ struct Arrived<'p> {
 /// to the device: the fill (reads in flight, or arrived) comes first, so
 /// dropping a unit waits for its reads before its pins and guards go.
 struct Unit<'p, F> {
-    fill: Option<F>,
+    fill: F,
     /// The group index of the unit's first item.
     first: usize,
     pins: Vec<SlotRef<'p>>,

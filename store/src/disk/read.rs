@@ -45,9 +45,16 @@ impl ReadSession {
     }
 }
 
-/// One request of a read batch: the block, its shards, and the checksums
-/// of a header verified before (`None`: its header is read with the batch).
-type Asked = (BlockId, Vec<u32>, Option<Arc<Vec<u32>>>);
+/// One request of a read batch.
+struct Asked {
+    id: BlockId,
+    shards: Vec<u32>,
+    /// The checksums of its header, once verified (before the batch, or
+    /// when the batch arrives).
+    crcs: Option<Arc<Vec<u32>>>,
+    /// The file opened for this batch, whose header is read with it.
+    opened: Option<Arc<IoFile>>,
+}
 
 /// Reads handed to the engine by [`DiskTier::submit_reads`], not yet
 /// waited for. Dropping it waits for them: the engine never writes into a
@@ -60,8 +67,6 @@ pub struct SubmittedReads {
     early: Vec<Option<Result<Option<Vec<IoBuf>>>>>,
     /// Per request: what it asks.
     lists: Vec<Asked>,
-    /// Files opened for this batch.
-    opened: Vec<(BlockId, Arc<IoFile>)>,
 }
 
 impl Drop for SubmittedReads {
@@ -245,14 +250,14 @@ impl DiskTier {
         let mut ios = Vec::new();
         let mut owner = Vec::new();
         let mut lists = Vec::with_capacity(reqs.len());
-        let mut opened = Vec::new();
         for (i, (id, shards)) in reqs.into_iter().enumerate() {
             let known = session.files.get(&id).cloned();
-            lists.push((
+            lists.push(Asked {
                 id,
-                shards.iter().map(|(s, _)| *s).collect::<Vec<u32>>(),
-                known.as_ref().map(|(_, c)| Arc::clone(c)),
-            ));
+                shards: shards.iter().map(|(s, _)| *s).collect(),
+                crcs: known.as_ref().map(|(_, c)| Arc::clone(c)),
+                opened: None,
+            });
             let bad = shards.iter().find_map(|(s, b)| {
                 self.cfg.geometry.check_shard(*s).err().or_else(|| {
                     (b.len() != sb).then(|| {
@@ -290,7 +295,7 @@ impl DiskTier {
                                 IoBuf::new(self.header_bytes),
                             ));
                             owner.push(i);
-                            opened.push((id, Arc::clone(&f)));
+                            lists[i].opened = Some(Arc::clone(&f));
                             f
                         }
                     }
@@ -311,7 +316,6 @@ impl DiskTier {
             tickets,
             early,
             lists,
-            opened,
         }
     }
 
@@ -334,26 +338,24 @@ impl DiskTier {
                 }
             }
         }
-        let opened: HashMap<BlockId, Arc<IoFile>> =
-            std::mem::take(&mut batch.opened).into_iter().collect();
         let mut lists = std::mem::take(&mut batch.lists);
         let early = std::mem::take(&mut batch.early);
-        for ((id, _, crcs), parts) in lists.iter_mut().zip(got.iter_mut()) {
-            let (Some(f), Ok(parts)) = (opened.get(id), parts) else {
+        for (a, parts) in lists.iter_mut().zip(got.iter_mut()) {
+            // A header read with this batch is the request's first part.
+            let (Some(f), Ok(parts)) = (&a.opened, parts) else {
                 continue;
             };
-            if crcs.is_some() || parts.is_empty() {
+            if parts.is_empty() {
                 continue;
             }
-            // The header was read with this batch: it is the first part.
             let (n, b) = parts.remove(0);
             let c = b.and_then(|b| {
-                (n == self.header_bytes).then(|| self.parse_header(id, b.as_slice()))?
+                (n == self.header_bytes).then(|| self.parse_header(&a.id, b.as_slice()))?
             });
             if let Some(c) = c {
                 let c = Arc::new(c);
-                session.remember(*id, Arc::clone(f), Arc::clone(&c));
-                *crcs = Some(c);
+                session.remember(a.id, Arc::clone(f), Arc::clone(&c));
+                a.crcs = Some(c);
             }
         }
         ArrivedReads { early, lists, got }
@@ -372,14 +374,19 @@ impl DiskTier {
             .into_iter()
             .zip(arrived.got)
             .zip(arrived.lists)
-            .map(|((done, got), (id, shards, crcs))| match done {
+            .map(|((done, got), a)| match done {
                 Some(r) => r,
                 None => {
                     let r = got.and_then(|parts| {
-                        self.verify(&id, &shards, crcs.as_deref().map(Vec::as_slice), parts)
+                        self.verify(
+                            &a.id,
+                            &a.shards,
+                            a.crcs.as_deref().map(Vec::as_slice),
+                            parts,
+                        )
                     });
                     if !matches!(r, Ok(Some(_))) {
-                        session.files.remove(&id);
+                        session.files.remove(&a.id);
                     }
                     r
                 }
